@@ -1,0 +1,3 @@
+from token_proxy.cli import main
+
+main()

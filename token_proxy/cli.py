@@ -1,0 +1,128 @@
+"""`token-proxy`: flags (with TOKEN_PROXY_* environment fallbacks) -> Settings -> the server.
+
+With no --backend, the built-in SGLang simulator is started in a child process first,
+so the proxy can be tried on a machine with no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from token_proxy.settings import Settings
+
+log = logging.getLogger("token_proxy")
+
+# flag -> (Settings field, type, help)
+_FLAGS = (
+    ("--backend", "backend_url", str, "SGLang server or sglang-router URL; omit to run the built-in simulator"),
+    ("--host", "host", str, "address to listen on"),
+    ("--port", "port", int, "port to listen on"),
+    ("--tokenizer", "tokenizer", str, "tokenizer path or HF id (default: SGLang's tokenizer_path)"),
+    ("--served-model-name", "served_model_name", str, "model name (default: SGLang's)"),
+    ("--context-length", "context_length", int, "context length (default: SGLang's max_model_len)"),
+    ("--request-timeout", "request_timeout_s", float, "seconds one SGLang request may take"),
+    ("--connect-timeout", "connect_timeout_s", float, "seconds to connect to SGLang"),
+    ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
+    ("--prompt-cache-size", "prompt_cache_size", int, "rendered prompts kept in the LRU cache (0: off)"),
+    ("--backend-wait", "backend_wait_s", float, "seconds to wait for SGLang's /health at start-up"),
+    ("--sim-ttft-ms", "sim_ttft_ms", float, "simulator only: time to first token"),
+    ("--sim-tpot-ms", "sim_tpot_ms", float, "simulator only: time per output token"),
+    ("--log-level", "log_level", str, "debug, info, warning or error"),
+)
+
+
+def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -> Settings:
+    environ = os.environ if environ is None else environ
+    defaults = Settings()
+    parser = argparse.ArgumentParser(prog="token-proxy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, field, kind, help_text in _FLAGS:
+        env = "TOKEN_PROXY_" + flag[2:].upper().replace("-", "_")
+        default = environ.get(env, getattr(defaults, field))
+        parser.add_argument(flag, dest=field, type=kind, default=default,
+                            help=f"{help_text} [env {env}; default {getattr(defaults, field)}]")
+    args = parser.parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
+    for _, field, kind, _ in _FLAGS:  # environment values arrive as strings
+        if isinstance(values[field], str) and kind is not str:
+            values[field] = kind(values[field])
+    try:
+        return Settings(**values)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with contextlib.ExitStack() as stack:
+        if not settings.backend_url:
+            url = stack.enter_context(simulator_process(settings))
+            settings = dataclasses.replace(settings, backend_url=url)
+        serve(settings)
+
+
+def serve(settings: Settings) -> None:
+    from aiohttp import web
+
+    from token_proxy.proxy.app import create_app
+
+    log.info("token-proxy listening on http://%s:%d/v1 -> %s", settings.host, settings.port, settings.backend_url)
+    web.run_app(create_app(settings), host=settings.host, port=settings.port, handler_cancellation=True,
+                access_log=None, print=None)
+
+
+@contextlib.contextmanager
+def simulator_process(settings: Settings):
+    """The built-in simulator on a free loopback port, in a child process so it never shares the
+    proxy's event loop."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(port),
+           "--ttft-ms", str(settings.sim_ttft_ms), "--tpot-ms", str(settings.sim_tpot_ms)]
+    if settings.context_length:
+        cmd += ["--context-length", str(settings.context_length)]
+    if settings.tokenizer:
+        cmd += ["--tokenizer", settings.tokenizer]
+    log.info("no --backend given: starting the built-in SGLang simulator on 127.0.0.1:%d", port)
+    proc = subprocess.Popen(cmd)
+    try:
+        _wait_for_health(f"http://127.0.0.1:{port}", proc, deadline_s=180.0)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_for_health(url: str, proc: subprocess.Popen, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"the simulator exited with status {proc.returncode}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        time.sleep(0.2)
+    raise SystemExit(f"the simulator at {url} did not become healthy in {deadline_s:.0f} s")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""create_app(settings): the aiohttp application and the lifetimes of what it holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import aiohttp
+from aiohttp import web
+
+from token_proxy.proxy.backend import discover, wait_until_healthy
+from token_proxy.proxy.context import CONTEXT, SETTINGS, ProxyContext
+from token_proxy.proxy.middleware import openai_errors
+from token_proxy.proxy.routes import add_routes
+from token_proxy.proxy.sglang_client import SGLangClient
+from token_proxy.settings import Settings
+from token_proxy.tokenization.loader import describe_tokenizer, load_tokenizer
+from token_proxy.tokenization.renderer import PromptRenderer
+from token_proxy.tokenization.token_text import TokenTexts
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024  # long multi-turn prompts as token ids can be several MB
+
+
+def create_app(settings: Settings) -> web.Application:
+    if not settings.backend_url:
+        raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
+    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app[SETTINGS] = settings
+    app.cleanup_ctx.append(_proxy_context)
+    add_routes(app)
+    return app
+
+
+async def _proxy_context(app: web.Application):
+    settings = app[SETTINGS]
+    # limit=0: the data path must never queue behind aiohttp's default 100-connection pool.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+    async with aiohttp.ClientSession(connector=connector) as session:
+        client = SGLangClient(settings.backend_url, session, settings.request_timeout_s,
+                              settings.connect_timeout_s)
+        await wait_until_healthy(client, settings.backend_wait_s)
+        backend = await discover(client, settings)
+        tokenizer = await asyncio.get_running_loop().run_in_executor(
+            executor, load_tokenizer, backend.tokenizer_path)
+        app[CONTEXT] = ProxyContext(
+            settings=settings, client=client, backend=backend, tokenizer_info=describe_tokenizer(tokenizer),
+            renderer=PromptRenderer(tokenizer, executor, settings.prompt_cache_size),
+            token_texts=TokenTexts(tokenizer),
+        )
+        log.info("serving %s (context %d) from %s", backend.served_model_name, backend.max_model_len,
+                 settings.backend_url)
+        yield
+        pending = list(app[CONTEXT].background)
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+    executor.shutdown(wait=False, cancel_futures=True)

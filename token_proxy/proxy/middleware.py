@@ -1,0 +1,37 @@
+"""One place that turns errors into OpenAI's {"error": {...}} body."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from aiohttp import web
+
+from token_proxy.errors import ProxyError
+
+log = logging.getLogger(__name__)
+
+_HTTP_TYPES = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestEntityTooLargeError"}
+
+
+def error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc.message)
+        return error_response(exc.status, exc.message, exc.type, exc.param)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.text if exc.status != 404 else f"The route {request.path} does not exist"
+        return error_response(exc.status, message or exc.reason, _HTTP_TYPES.get(exc.status, "BadRequestError"))
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "Internal error in the proxy; see its log", "InternalServerError")

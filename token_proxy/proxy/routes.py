@@ -1,0 +1,34 @@
+"""The proxy's routes, and the small handlers that need no module of their own."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from token_proxy.proxy.chat import chat_completions
+from token_proxy.proxy.context import CONTEXT
+from token_proxy.proxy.http_io import json_response
+
+
+async def list_models(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    name = ctx.backend.served_model_name
+    card = {"id": name, "object": "model", "created": ctx.started_at, "owned_by": "sglang-token-proxy",
+            "root": ctx.backend.tokenizer_path, "parent": None, "max_model_len": ctx.max_model_len,
+            "permission": []}
+    return json_response({"object": "list", "data": [card]})
+
+
+async def health(request: web.Request) -> web.Response:
+    """Healthy only while SGLang is: orchestrators route around a proxy whose engine is gone."""
+    ctx = request.app[CONTEXT]
+    if await ctx.client.healthy(timeout_s=5.0):
+        return web.Response(status=200)
+    return json_response({"error": {"message": f"SGLang at {ctx.client.base_url} is not healthy",
+                                    "type": "ServiceUnavailableError", "param": None, "code": 503}},
+                         status=503)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)

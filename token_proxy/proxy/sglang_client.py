@@ -1,0 +1,181 @@
+"""The one place that talks HTTP to SGLang.
+
+Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502,
+SGLang refusing the request -> 400 with SGLang's message, too slow -> 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+
+from token_proxy.errors import (
+    BackendError, BackendTimeout, BackendUnavailable, InvalidRequest, ProxyError,
+)
+
+log = logging.getLogger(__name__)
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class SGLangClient:
+    def __init__(self, base_url: str, session: aiohttp.ClientSession, request_timeout_s: float,
+                 connect_timeout_s: float = 10.0):
+        self.base_url = base_url.rstrip("/")
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+        self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
+
+    async def generate(self, payload: dict) -> list[dict]:
+        """Non-streaming /generate; always a list of outputs (SGLang answers an object for one)."""
+        async with self._post("/generate", payload) as resp:
+            body = await resp.read()
+            if resp.status != 200:
+                raise _error_from_status(resp.status, body)
+        data = _loads(body)
+        return data if isinstance(data, list) else [data]
+
+    async def generate_stream(self, payload: dict) -> AsyncIterator[dict]:
+        """Streaming /generate: yields each event's JSON object; an in-stream error raises."""
+        async with self._post("/generate", payload) as resp:
+            if resp.status != 200:
+                raise _error_from_status(resp.status, await resp.read())
+            async for data in _sse_events(resp.content):
+                if data == b"[DONE]":
+                    return
+                event = _loads(data)
+                if isinstance(event, dict) and "error" in event:
+                    raise _error_from_body(event)
+                yield event
+
+    async def abort(self, rid: str) -> None:
+        """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
+        try:
+            async with self._session.post(f"{self.base_url}/abort_request", data=orjson.dumps({"rid": rid}),
+                                          headers=_JSON_HEADERS, timeout=self._short) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("abort of %s failed: %s", rid, exc)
+
+    async def get_json(self, path: str, timeout_s: float | None = None):
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self._short
+        try:
+            async with self._session.get(f"{self.base_url}{path}", timeout=timeout) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise _error_from_status(resp.status, body)
+                return _loads(body)
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout(f"SGLang did not answer GET {path} in time") from exc
+
+    async def healthy(self, timeout_s: float = 5.0) -> bool:
+        try:
+            async with self._session.get(f"{self.base_url}/health",
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            return False
+
+    def _post(self, path: str, payload: dict) -> _Call:
+        return _Call(self._session.post(f"{self.base_url}{path}", data=orjson.dumps(payload),
+                                        headers=_JSON_HEADERS, timeout=self._timeout), self.base_url)
+
+
+class _Call:
+    """Wraps a request context so connection failures and timeouts surface as typed errors."""
+
+    def __init__(self, ctx, base_url: str):
+        self._ctx = ctx
+        self._base_url = base_url
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        try:
+            return await self._ctx.__aenter__()
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"SGLang at {self._base_url} is unreachable: {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout("SGLang did not answer in time") from exc
+
+    async def __aexit__(self, exc_type, exc, tb):
+        await self._ctx.__aexit__(exc_type, exc, tb)
+        if isinstance(exc, ProxyError) or exc is None or isinstance(exc, asyncio.CancelledError):
+            return False
+        if isinstance(exc, asyncio.TimeoutError):
+            raise BackendTimeout("SGLang did not finish the request in time") from exc
+        if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+            raise BackendUnavailable(f"SGLang closed the connection mid-response: {exc}") from exc
+        if isinstance(exc, aiohttp.ClientError):
+            raise BackendUnavailable(f"SGLang at {self._base_url} failed: {exc}") from exc
+        return False
+
+
+async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The `data:` payloads of an SSE stream. Reads raw chunks: cumulative SGLang events exceed
+    aiohttp's 64 KiB line limit on long outputs."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        start = 0
+        while (end := buffer.find(b"\n\n", start)) >= 0:
+            data = _event_data(bytes(buffer[start:end]))
+            start = end + 2
+            if data is not None:
+                yield data
+        del buffer[:start]
+    if buffer.strip():
+        data = _event_data(bytes(buffer))
+        if data is not None:
+            yield data
+
+
+def _event_data(event: bytes) -> bytes | None:
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def _loads(body: bytes):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(f"SGLang sent invalid JSON: {body[:200]!r}") from exc
+
+
+def _error_from_status(status: int, body: bytes) -> ProxyError:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message = _message_of(parsed) or body.decode("utf-8", "replace").strip() or f"HTTP {status}"
+    if status == 400:
+        return InvalidRequest(f"SGLang rejected the request: {message}")
+    if status in (502, 503):
+        return BackendUnavailable(f"SGLang is unavailable ({status}): {message}")
+    if status == 504:
+        return BackendTimeout(f"SGLang timed out: {message}")
+    return BackendError(f"SGLang failed with HTTP {status}: {message}")
+
+
+def _error_from_body(event: dict) -> ProxyError:
+    message = _message_of(event) or "unknown error"
+    code = event["error"].get("code") if isinstance(event.get("error"), dict) else None
+    if code == 400:
+        return InvalidRequest(f"SGLang rejected the request: {message}")
+    return BackendError(f"SGLang failed: {message}")
+
+
+def _message_of(parsed) -> str | None:
+    if not isinstance(parsed, dict):
+        return None
+    error = parsed.get("error")
+    if isinstance(error, dict):
+        return error.get("message")
+    if isinstance(error, str):
+        return error
+    return parsed.get("message")

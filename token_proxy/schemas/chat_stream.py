@@ -1,0 +1,139 @@
+"""SGLang /generate stream events -> vLLM's chat.completion.chunk sequence.
+
+SGLang streams either cumulatively (default: every event repeats all text, ids and
+logprobs so far) or incrementally (--incremental-streaming-output). Both become the
+same deltas here. Text that could still turn into a stop string, or that ends in an
+incomplete UTF-8 character (U+FFFD), is held back; its token ids are sent at once
+with an empty delta, as vLLM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from token_proxy.schemas.chat_request import ChatRequest
+from token_proxy.schemas.chat_response import ResponseMeta, usage
+from token_proxy.schemas.generation import map_finish
+from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content
+
+REPLACEMENT = "\ufffd"
+
+
+@dataclass(slots=True)
+class _Choice:
+    text: str = ""  # all text so far, as SGLang reported it
+    sent_chars: int = 0
+    ids_seen: int = 0
+    logprobs_seen: int = 0
+    completion_tokens: int = 0
+    finished: bool = False
+
+
+class ChatStreamTranslator:
+    def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer, incremental: bool):
+        self._req = req
+        self._meta = meta
+        self._namer = namer
+        self._incremental = incremental
+        self._choices = [_Choice() for _ in range(req.sampling.n)]
+        self._holdback = max((len(s) for s in req.sampling.stop), default=1) - 1
+        self._eos = None if req.sampling.ignore_eos else meta.eos_token_id
+        self._cached_tokens = 0
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self._choices)
+
+    def start(self) -> list[dict]:
+        """One role chunk per choice; the first also carries the prompt ids when asked."""
+        chunks = []
+        for index in range(len(self._choices)):
+            choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}
+            chunk = self._chunk([choice], completion_tokens=0)
+            if self._req.output.return_token_ids:
+                chunk["prompt_token_ids"] = self._meta.prompt_ids
+            chunks.append(chunk)
+        return chunks
+
+    def feed(self, event: dict) -> list[dict]:
+        index = event.get("index", 0)
+        if not 0 <= index < len(self._choices) or self._choices[index].finished:
+            return []
+        state = self._choices[index]
+        meta = event.get("meta_info") or {}
+        self._cached_tokens = meta.get("cached_tokens") or self._cached_tokens
+        new_ids = self._new_items(event.get("output_ids") or [], state.ids_seen)
+        new_logprobs = self._new_items(meta.get("output_token_logprobs") or [], state.logprobs_seen)
+        new_top = self._new_items(meta.get("output_top_logprobs") or [], state.logprobs_seen)
+        state.ids_seen += len(new_ids)
+        state.logprobs_seen += len(new_logprobs)
+        state.completion_tokens = meta.get("completion_tokens", state.ids_seen)
+        finish = meta.get("finish_reason")
+        self._take_text(state, event.get("text") or "")
+        delta_text = self._releasable(state, final=finish is not None, finish=finish)
+        if not new_ids and not delta_text and finish is None:
+            return []
+        choice = self._content_choice(index, delta_text, new_ids, new_logprobs, new_top)
+        if finish is not None:
+            state.finished = True
+            choice["finish_reason"], choice["stop_reason"] = map_finish(finish, self._eos)
+        return [self._chunk([choice], completion_tokens=self._total_completion())]
+
+    def finish(self) -> list[dict]:
+        """The usage chunk, when asked for; [DONE] is the writer's."""
+        if not self._req.output.include_usage:
+            return []
+        chunk = self._chunk([], completion_tokens=None)
+        chunk["usage"] = usage(len(self._meta.prompt_ids), self._total_completion(), self._cached_tokens)
+        return [chunk]
+
+    def _new_items(self, items: list, seen: int) -> list:
+        return items if self._incremental else items[seen:]
+
+    def _take_text(self, state: _Choice, text: str) -> None:
+        if self._incremental:
+            state.text += text
+        elif text.startswith(state.text[: state.sent_chars]):
+            state.text = text
+        # else: SGLang rewrote text already sent (cannot be unsent); keep what we had.
+
+    def _releasable(self, state: _Choice, final: bool, finish: dict | None) -> str:
+        if final:
+            end = len(self._final_text(state, finish))
+        else:
+            end = max(state.sent_chars, len(state.text) - self._holdback)
+            while end > state.sent_chars and state.text[end - 1] == REPLACEMENT:
+                end -= 1
+        delta = state.text[state.sent_chars:end]
+        state.sent_chars = max(state.sent_chars, end)
+        return delta
+
+    def _final_text(self, state: _Choice, finish: dict | None) -> str:
+        """Incremental streams may still end in the stop string; vLLM trims it unless asked not to."""
+        matched = (finish or {}).get("matched")
+        text = state.text
+        if (isinstance(matched, str) and not self._req.sampling.include_stop_str_in_output
+                and text.endswith(matched)):
+            text = text[: len(text) - len(matched)]
+        return text
+
+    def _content_choice(self, index: int, text: str, ids: list, logprobs: list, top: list) -> dict:
+        choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
+                  "finish_reason": None}
+        if self._req.sampling.logprobs:
+            content = chat_logprob_content(logprobs, top, self._req.sampling.top_logprobs, self._namer)
+            choice["logprobs"] = {"content": content}
+        if self._req.output.return_token_ids:
+            choice["token_ids"] = ids
+        return choice
+
+    def _chunk(self, choices: list[dict], completion_tokens: int | None) -> dict:
+        chunk = {"id": self._meta.response_id, "object": "chat.completion.chunk", "created": self._meta.created,
+                 "model": self._meta.model, "choices": choices}
+        if self._req.output.continuous_usage_stats and completion_tokens is not None:
+            chunk["usage"] = usage(len(self._meta.prompt_ids), completion_tokens, None)
+        return chunk
+
+    def _total_completion(self) -> int:
+        return sum(c.completion_tokens for c in self._choices)

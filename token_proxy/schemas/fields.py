@@ -1,0 +1,106 @@
+"""Small typed readers for JSON request fields: each names the offending parameter on failure.
+
+JSON booleans are not integers here (Python says `True` is an int; OpenAI's schema does not).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from token_proxy.errors import InvalidRequest
+
+_MISSING = object()
+
+
+def bad(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param)
+
+
+def opt_bool(body: dict, key: str, default: bool | None = None) -> bool | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(key, f"must be a boolean, got {_type_name(value)}")
+    return value
+
+
+def opt_int(body: dict, key: str, default: int | None = None, *, lo: int | None = None,
+            hi: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(key, f"must be an integer, got {_type_name(value)}")
+    _check_range(key, value, lo, hi)
+    return value
+
+
+def opt_float(body: dict, key: str, default: float | None = None, *, lo: float | None = None,
+              hi: float | None = None) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise bad(key, f"must be a number, got {_type_name(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise bad(key, "must be a finite number")
+    _check_range(key, value, lo, hi)
+    return value
+
+
+def opt_str(body: dict, key: str, default: str | None = None) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise bad(key, f"must be a string, got {_type_name(value)}")
+    return value
+
+
+def opt_dict(body: dict, key: str) -> dict | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad(key, f"must be an object, got {_type_name(value)}")
+    return value
+
+
+def opt_list(body: dict, key: str) -> list | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad(key, f"must be an array, got {_type_name(value)}")
+    return value
+
+
+def token_id_list(value: Any, param: str, vocab_size: int, *, allow_empty: bool = False) -> list[int]:
+    """A list of token ids, each in 0..vocab_size-1 (an id past the vocabulary crashes SGLang)."""
+    if not isinstance(value, list):
+        raise bad(param, f"must be an array of token ids, got {_type_name(value)}")
+    if not value and not allow_empty:
+        raise bad(param, "must not be empty")
+    for i, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise bad(param, f"item {i} must be an integer token id, got {_type_name(token)}")
+        if not 0 <= token < vocab_size:
+            raise bad(param, f"item {i} ({token}) is out of range: token ids must be in [0, {vocab_size})")
+    return value
+
+
+def _check_range(key: str, value, lo, hi) -> None:
+    if lo is not None and value < lo:
+        raise bad(key, f"must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise bad(key, f"must be <= {hi}, got {value}")
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)

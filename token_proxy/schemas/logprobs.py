@@ -1,0 +1,76 @@
+"""SGLang logprob triples -> vLLM's chat and completions logprob shapes.
+
+SGLang gives `[logprob, token_id, text_or_null]` per output token and, per position,
+a row of such triples for the top-k. vLLM lists, per position, the sampled token
+first and then the top-k (without repeating the sampled one), cut to top_logprobs.
+"""
+
+from __future__ import annotations
+
+import math
+
+from token_proxy.tokenization.token_text import TokenTexts
+
+CLAMP = -9999.0  # vLLM replaces -inf (and anything below) by this
+
+
+def clamp(logprob) -> float:
+    if logprob is None or math.isnan(logprob):
+        return CLAMP
+    return max(float(logprob), CLAMP)
+
+
+class TokenNamer:
+    """How a token is spelled in logprobs: its text, or "token_id:<id>"."""
+
+    def __init__(self, texts: TokenTexts, as_ids: bool):
+        self._texts = texts
+        self._as_ids = as_ids
+
+    def name(self, token_id: int) -> str:
+        return f"token_id:{token_id}" if self._as_ids else self._texts.text(token_id)
+
+
+def _entry(namer: TokenNamer, token_id: int, logprob) -> dict:
+    token = namer.name(token_id)
+    return {"token": token, "logprob": clamp(logprob), "bytes": list(token.encode("utf-8"))}
+
+
+def top_row(sampled_id: int, sampled_lp, row, top_n: int) -> list[tuple[int, float]]:
+    """(id, logprob) pairs: the sampled token first, then the top-k without it, cut to top_n."""
+    if top_n <= 0:
+        return []
+    pairs = [(sampled_id, sampled_lp)]
+    for lp, token_id, *_ in row or ():
+        if token_id != sampled_id:
+            pairs.append((token_id, lp))
+    return pairs[:top_n]
+
+
+def chat_logprob_content(token_logprobs: list, top_logprobs: list | None, top_n: int,
+                         namer: TokenNamer) -> list[dict]:
+    rows = top_logprobs or []
+    content = []
+    for i, (lp, token_id, *_) in enumerate(token_logprobs):
+        entry = _entry(namer, token_id, lp)
+        row = rows[i] if i < len(rows) else None
+        entry["top_logprobs"] = [_entry(namer, t, l) for t, l in top_row(token_id, lp, row, top_n)]
+        content.append(entry)
+    return content
+
+
+def completion_logprobs(token_logprobs: list, top_logprobs: list | None, top_n: int, namer: TokenNamer,
+                        text_offset_start: int = 0) -> dict:
+    """The completions shape: parallel lists plus per-token {token: logprob} maps."""
+    rows = top_logprobs or []
+    tokens, token_lps, tops, offsets = [], [], [], []
+    offset = text_offset_start
+    for i, (lp, token_id, *_) in enumerate(token_logprobs):
+        token = namer.name(token_id)
+        tokens.append(token)
+        token_lps.append(None if lp is None else clamp(lp))
+        row = rows[i] if i < len(rows) else None
+        tops.append({namer.name(t): clamp(l) for t, l in top_row(token_id, lp, row, top_n)} if top_n else None)
+        offsets.append(offset)
+        offset += len(token)
+    return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens, "top_logprobs": tops}

@@ -1,0 +1,103 @@
+"""Translate a validated request into the body of SGLang's native POST /generate.
+
+Only keys SGLang accepts are sent: 0.5.17 answers an unknown sampling key with a
+bare 500 and 0.5.23 with a 400, so nothing vLLM-only may leak through.
+"""
+
+from __future__ import annotations
+
+from token_proxy.errors import context_length_error
+from token_proxy.schemas.sampling import SamplingRequest
+
+# vLLM field -> SGLang sampling_params key, copied when the client set it.
+_OPTIONAL_SAMPLING = (
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("top_k", "top_k"),
+    ("min_p", "min_p"),
+    ("frequency_penalty", "frequency_penalty"),
+    ("presence_penalty", "presence_penalty"),
+    ("repetition_penalty", "repetition_penalty"),
+    ("seed", "sampling_seed"),
+    ("logit_bias", "logit_bias"),
+)
+
+
+def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len: int) -> int:
+    """vLLM's rule: absent means the rest of the context; too many is the client's error."""
+    if prompt_len >= max_model_len:
+        raise context_length_error(max_model_len, prompt_len)
+    room = max_model_len - prompt_len
+    if sampling.max_tokens is None:
+        return room
+    if sampling.max_tokens > room:
+        raise context_length_error(max_model_len, prompt_len, sampling.max_tokens)
+    return sampling.max_tokens
+
+
+def sampling_params(sampling: SamplingRequest, max_new_tokens: int) -> dict:
+    params = {
+        "max_new_tokens": max_new_tokens,
+        "n": sampling.n,
+        "skip_special_tokens": sampling.skip_special_tokens,
+        "spaces_between_special_tokens": sampling.spaces_between_special_tokens,
+    }
+    if sampling.min_tokens:
+        params["min_new_tokens"] = sampling.min_tokens
+    if sampling.stop:
+        params["stop"] = list(sampling.stop)
+        params["no_stop_trim"] = sampling.include_stop_str_in_output
+    if sampling.stop_token_ids:
+        params["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.ignore_eos:
+        params["ignore_eos"] = True
+    for src, dst in _OPTIONAL_SAMPLING:
+        value = getattr(sampling, src)
+        if value is not None:
+            params[dst] = value
+    if sampling.constraint is not None:
+        key, value = sampling.constraint
+        params[key] = value
+    return params
+
+
+def generate_payload(
+    prompt_ids: list[int],
+    sampling: SamplingRequest,
+    max_new_tokens: int,
+    *,
+    rid: str,
+    stream: bool,
+    cache_salt: str | None = None,
+    priority: int | None = None,
+) -> dict:
+    payload = {
+        "input_ids": prompt_ids,
+        "sampling_params": sampling_params(sampling, max_new_tokens),
+        "rid": rid,
+        "stream": stream,
+    }
+    if sampling.logprobs or sampling.prompt_logprobs is not None:
+        payload.update(_logprob_fields(sampling))
+    if cache_salt is not None:
+        payload["cache_salt"] = cache_salt
+    if priority is not None:
+        payload["priority"] = priority
+    return payload
+
+
+def _logprob_fields(sampling: SamplingRequest) -> dict:
+    top = max(sampling.top_logprobs, _prompt_top(sampling))
+    return {
+        "return_logprob": True,
+        # -1: output logprobs only; 0: also every prompt position (prompt_logprobs).
+        "logprob_start_len": -1 if sampling.prompt_logprobs is None else 0,
+        "top_logprobs_num": top,
+        "return_text_in_logprobs": False,  # the proxy decodes token strings itself
+    }
+
+
+def _prompt_top(sampling: SamplingRequest) -> int:
+    if sampling.prompt_logprobs is None or sampling.prompt_logprobs < 0:
+        return 0
+    return sampling.prompt_logprobs

@@ -1,0 +1,39 @@
+"""Loading the HF tokenizer once, and what the proxy needs to know about it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizerInfo:
+    """Facts read once from the tokenizer, so hot paths never ask it again."""
+
+    vocab_size: int  # len(tokenizer): valid input ids are 0..vocab_size-1
+    eos_token_id: int | None  # the tokenizer's: vLLM reports stop_reason null for it
+    has_chat_template: bool
+
+
+def load_tokenizer(name_or_path: str):
+    """Load a fast HF tokenizer; offline when the path is local, so nothing is downloaded by surprise."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    local = os.path.isdir(name_or_path)
+    log.info("loading tokenizer %s (%s)", name_or_path, "local" if local else "hub id")
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local, trust_remote_code=False)
+    if not getattr(tokenizer, "is_fast", False):
+        log.warning("tokenizer %s is not a fast tokenizer: tokenization will be slow", name_or_path)
+    return tokenizer
+
+
+def describe_tokenizer(tokenizer) -> TokenizerInfo:
+    return TokenizerInfo(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+    )
