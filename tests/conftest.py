@@ -20,3 +20,46 @@ def hf_tokenizer(tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+
+@pytest.fixture
+def shared_tokenizer(monkeypatch, hf_tokenizer):
+    """Every proxy app in a test session reuses one loaded tokenizer (loading takes ~2 s)."""
+    monkeypatch.setattr("token_proxy.proxy.app.load_tokenizer", lambda path: hf_tokenizer)
+    return hf_tokenizer
+
+
+@pytest.fixture
+def make_sim(aiohttp_server, tokenizer_dir):
+    """Start a simulator: `sim = await make_sim(**SimConfig overrides)`; sim.app[SIM_STATE] is its state."""
+    from token_proxy.simulator import SimConfig, create_sim_app
+
+    async def factory(**overrides):
+        config = SimConfig(tokenizer_path=str(tokenizer_dir), **overrides)
+        return await aiohttp_server(create_sim_app(config))
+
+    return factory
+
+
+@pytest.fixture
+def make_proxy(aiohttp_client, shared_tokenizer, tokenizer_dir):
+    """A proxy test client in front of `backend` (a started server or a URL)."""
+    from token_proxy.proxy.app import create_app
+    from token_proxy.settings import Settings
+
+    async def factory(backend, **overrides):
+        url = backend if isinstance(backend, str) else str(backend.make_url("")).rstrip("/")
+        settings = Settings(backend_url=url, tokenizer=str(tokenizer_dir), backend_wait_s=5.0, **overrides)
+        return await aiohttp_client(create_app(settings))
+
+    return factory
+
+
+@pytest.fixture
+async def sim(make_sim):
+    return await make_sim()
+
+
+@pytest.fixture
+async def proxy(make_proxy, sim):
+    return await make_proxy(sim)

@@ -50,14 +50,21 @@ def test_absent_max_tokens_means_rest_of_context_never_sglangs_128():
     assert payload_for(chat(max_completion_tokens=5))["sampling_params"]["max_new_tokens"] == 5
 
 
-def test_context_overflow_uses_vllms_message():
+def test_context_rules_follow_vllm():
+    # prompt + max_tokens past the context is clamped, as vLLM does (finish_reason "length")
+    assert resolve_max_tokens(chat(max_tokens=95).sampling, 10, 100) == 90
     with pytest.raises(InvalidRequest) as exc:
-        resolve_max_tokens(chat(max_tokens=95).sampling, 10, 100)
-    assert "maximum context length is 100 tokens" in exc.value.message
+        resolve_max_tokens(chat(max_tokens=101).sampling, 10, 100)
+    assert exc.value.message == ("max_tokens=101 cannot be greater than max_model_len=100. "
+                                 "Please request fewer output tokens.")
     assert exc.value.param == "max_tokens"
     with pytest.raises(InvalidRequest) as exc:
+        resolve_max_tokens(chat().sampling, 101, 100)
+    assert exc.value.message.startswith("This model's maximum context length is 100 tokens. However, your "
+                                        "prompt contains 101 input tokens")
+    with pytest.raises(InvalidRequest) as exc:
         resolve_max_tokens(chat().sampling, 100, 100)
-    assert "maximum context length is 100 tokens" in exc.value.message
+    assert exc.value.param == "max_tokens"
 
 
 def test_logprob_fields_and_response_format():
@@ -113,7 +120,8 @@ def test_top_logprobs_put_sampled_token_first_and_clamp():
     assert top_row(7, -0.1, row, 3) == [(7, -0.1), (9, -0.5), (3, -2.0)]
     assert top_row(7, -0.1, row, 0) == []
     content = chat_logprob_content([[float("-inf"), 7, None]], [row], 1, TokenNamer(FakeTexts(), as_ids=True))
-    assert content == [{"token": "token_id:7", "logprob": CLAMP, "bytes": list(b"token_id:7"),
+    # vLLM quirk kept: the sampled entry's bytes are its decoded text's, the top entries' their token string's
+    assert content == [{"token": "token_id:7", "logprob": CLAMP, "bytes": list(b"<7>"),
                         "top_logprobs": [{"token": "token_id:7", "logprob": CLAMP, "bytes": list(b"token_id:7")}]}]
 
 
@@ -142,7 +150,7 @@ def test_stream_deltas_are_the_same_in_both_sglang_modes(incremental, events):
     assert start[0]["prompt_token_ids"] == [1, 2]
     chunks = [c for e in events for c in tr.feed(e)]
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert deltas == [{"content": "a"}, {"content": "b"}, {}, {"content": "é"}, {}]
+    assert deltas == [{"content": "a"}, {"content": "b"}, {"content": ""}, {"content": "é"}, {"content": ""}]
     assert [c["choices"][0]["token_ids"] for c in chunks] == [[10], [11], [12], [13], [EOS]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"][0]["stop_reason"] is None
@@ -155,7 +163,7 @@ def test_stream_holds_back_possible_stop_string_prefix():
     out = tr.feed(_event("abcxy", [1, 2]))
     assert out[0]["choices"][0]["delta"] == {"content": "abc"}
     out = tr.feed(_event("abc", [1, 2, 3], {"type": "stop", "matched": "xyz"}))
-    assert out[0]["choices"][0]["delta"] == {}
+    assert out[0]["choices"][0]["delta"] == {"content": ""}
     assert out[0]["choices"][0]["stop_reason"] == "xyz"
 
 
@@ -165,5 +173,21 @@ def test_usage_chunk_when_asked():
     tr.feed(_event("a", [5], {"type": "length", "length": 1}, cached_tokens=1))
     (chunk,) = tr.finish()
     assert chunk["choices"] == []
-    assert chunk["usage"] == {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1,
-                              "prompt_tokens_details": {"cached_tokens": 1}}
+    assert chunk == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                     "choices": [], "usage": {"prompt_tokens": 2, "total_tokens": 3, "completion_tokens": 1,
+                                              "prompt_tokens_details": {"cached_tokens": 1}}}
+
+
+def test_stream_chunk_keys_follow_vllms_exclude_unset():
+    tr = _translator(False)
+    (role,) = tr.start()
+    assert list(role) == ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
+    assert list(role["choices"][0]) == ["index", "delta", "logprobs", "finish_reason"]
+    (content,) = tr.feed(_event("a", [10]))
+    assert list(content) == ["id", "object", "created", "model", "choices", "kv_transfer_params"]
+    assert list(content["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "token_ids"]
+    (last,) = tr.feed(_event("ab", [10, 11], {"type": "length", "length": 2}))
+    assert list(last) == ["id", "object", "created", "model", "choices", "system_fingerprint", "kv_transfer_params"]
+    assert list(last["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids",
+                                        "weight_versions"]
+    assert last["choices"][0]["delta"] == {"content": "b"}

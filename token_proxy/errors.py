@@ -48,18 +48,19 @@ class BackendTimeout(ProxyError):
     type = "GatewayTimeoutError"
 
 
-def context_length_error(max_model_len: int, prompt_len: int, max_tokens: int | None = None) -> InvalidRequest:
-    """vLLM's wording: verifiers matches on "maximum context length"."""
-    if max_tokens is None:
-        return InvalidRequest(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{prompt_len} input tokens. Please reduce the length of the input messages.",
-            param="messages",
-        )
+def prompt_too_long(max_model_len: int, prompt_len: int) -> InvalidRequest:
+    """vLLM's wording (verifiers matches on "maximum context length")."""
     return InvalidRequest(
-        f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-        f"{max_tokens} output tokens and your prompt contains {prompt_len} input tokens, for a total of "
-        f"{max_tokens + prompt_len} tokens ({prompt_len} in the messages, {max_tokens} in the completion). "
-        "Please reduce the length of the input messages or completion.",
-        param="max_tokens",
+        f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+        f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. "
+        "Please reduce the length of the input prompt.",
+        param="input_tokens",
+    )
+
+
+def max_tokens_too_large(param: str, max_tokens: int, max_model_len: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+        "Please request fewer output tokens.",
+        param=param,
     )

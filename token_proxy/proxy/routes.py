@@ -7,6 +7,7 @@ from aiohttp import web
 from token_proxy.proxy.chat import chat_completions
 from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.http_io import json_response
+from token_proxy.proxy.tokenize import detokenize, tokenize
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -32,3 +33,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
+    for prefix in ("", "/v1"):
+        app.router.add_post(f"{prefix}/tokenize", tokenize)
+        app.router.add_post(f"{prefix}/detokenize", detokenize)

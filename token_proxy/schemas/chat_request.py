@@ -41,11 +41,15 @@ class ChatRequest:
 def parse_chat_request(body: object, vocab_size: int) -> ChatRequest:
     if not isinstance(body, dict):
         raise bad("body", "the request body must be a JSON object")
+    sampling = parse_sampling(body, vocab_size)
+    output = parse_output_options(body)
+    if output.stream and sampling.prompt_logprobs is not None:
+        raise bad("prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.")
     return ChatRequest(
         model=opt_str(body, "model"),
         prompt=parse_chat_prompt(body),
-        sampling=parse_sampling(body, vocab_size),
-        output=parse_output_options(body),
+        sampling=sampling,
+        output=output,
         request_id=opt_str(body, "request_id"),
         cache_salt=opt_str(body, "cache_salt"),
         priority=opt_int(body, "priority"),

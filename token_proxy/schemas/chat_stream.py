@@ -25,7 +25,6 @@ class _Choice:
     sent_chars: int = 0
     ids_seen: int = 0
     logprobs_seen: int = 0
-    completion_tokens: int = 0
     finished: bool = False
 
 
@@ -39,20 +38,22 @@ class ChatStreamTranslator:
         self._holdback = max((len(s) for s in req.sampling.stop), default=1) - 1
         self._eos = None if req.sampling.ignore_eos else meta.eos_token_id
         self._cached_tokens = 0
+        # vLLM honours continuous_usage_stats only together with include_usage.
+        self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
 
     @property
     def done(self) -> bool:
         return all(c.finished for c in self._choices)
 
     def start(self) -> list[dict]:
-        """One role chunk per choice; the first also carries the prompt ids when asked."""
+        """One role chunk per choice, each carrying the prompt ids (null unless asked)."""
         chunks = []
         for index in range(len(self._choices)):
             choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}
-            chunk = self._chunk([choice], completion_tokens=0)
-            if self._req.output.return_token_ids:
-                chunk["prompt_token_ids"] = self._meta.prompt_ids
+            chunk = self._chunk(choice, completion_tokens=0)
+            chunk["prompt_token_ids"] = self._meta.prompt_ids if self._req.output.return_token_ids else None
+            chunk["prompt_text"] = None
             chunks.append(chunk)
         return chunks
 
@@ -68,25 +69,38 @@ class ChatStreamTranslator:
         new_top = self._new_items(meta.get("output_top_logprobs") or [], state.logprobs_seen)
         state.ids_seen += len(new_ids)
         state.logprobs_seen += len(new_logprobs)
-        state.completion_tokens = meta.get("completion_tokens", state.ids_seen)
         finish = meta.get("finish_reason")
         self._take_text(state, event.get("text") or "")
         delta_text = self._releasable(state, final=finish is not None, finish=finish)
         if not new_ids and not delta_text and finish is None:
             return []
         choice = self._content_choice(index, delta_text, new_ids, new_logprobs, new_top)
-        if finish is not None:
-            state.finished = True
-            choice["finish_reason"], choice["stop_reason"] = map_finish(finish, self._eos)
-        return [self._chunk([choice], completion_tokens=self._total_completion())]
+        if finish is None:
+            return [self._chunk(choice, state.ids_seen, kv_transfer_params=None)]
+        state.finished = True
+        return [self._finish_chunk(choice, state, finish)]
 
     def finish(self) -> list[dict]:
-        """The usage chunk, when asked for; [DONE] is the writer's."""
+        """The usage chunk, when asked for (None fields dropped, as vLLM does); [DONE] is the writer's."""
         if not self._req.output.include_usage:
             return []
-        chunk = self._chunk([], completion_tokens=None)
-        chunk["usage"] = usage(len(self._meta.prompt_ids), self._total_completion(), self._cached_tokens)
-        return [chunk]
+        report = usage(len(self._meta.prompt_ids), self._total_completion(), self._cached_tokens)
+        report = {k: v for k, v in report.items() if v is not None}
+        return [{"id": self._meta.response_id, "object": "chat.completion.chunk", "created": self._meta.created,
+                 "model": self._meta.model, "choices": [], "usage": report}]
+
+    def _finish_chunk(self, choice: dict, state: _Choice, finish: dict) -> dict:
+        if state.ids_seen == 0 and not choice["delta"].get("content"):
+            choice["delta"] = {}
+        choice["finish_reason"], choice["stop_reason"] = map_finish(finish, self._eos)
+        choice["finish_reason"] = choice["finish_reason"] or "stop"
+        choice["token_ids"] = choice.pop("token_ids")  # keep vLLM's key order
+        choice["weight_versions"] = None
+        chunk = self._chunk(choice, state.ids_seen)
+        if not self._req.output.include_usage:
+            chunk["system_fingerprint"] = None  # vLLM puts it on the last message only
+        chunk["kv_transfer_params"] = None
+        return chunk
 
     def _new_items(self, items: list, seen: int) -> list:
         return items if self._incremental else items[seen:]
@@ -119,21 +133,22 @@ class ChatStreamTranslator:
         return text
 
     def _content_choice(self, index: int, text: str, ids: list, logprobs: list, top: list) -> dict:
-        choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
-                  "finish_reason": None}
+        choice = {"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
         if self._req.sampling.logprobs:
             content = chat_logprob_content(logprobs, top, self._req.sampling.top_logprobs, self._namer)
             choice["logprobs"] = {"content": content}
-        if self._req.output.return_token_ids:
-            choice["token_ids"] = ids
+        choice["token_ids"] = ids if self._req.output.return_token_ids else None
         return choice
 
-    def _chunk(self, choices: list[dict], completion_tokens: int | None) -> dict:
+    def _chunk(self, choice: dict, completion_tokens: int, **extra) -> dict:
         chunk = {"id": self._meta.response_id, "object": "chat.completion.chunk", "created": self._meta.created,
-                 "model": self._meta.model, "choices": choices}
-        if self._req.output.continuous_usage_stats and completion_tokens is not None:
-            chunk["usage"] = usage(len(self._meta.prompt_ids), completion_tokens, None)
+                 "model": self._meta.model, "choices": [choice]}
+        if self._continuous_usage:
+            prompt = len(self._meta.prompt_ids)
+            chunk["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt + completion_tokens,
+                              "completion_tokens": completion_tokens, "completion_tokens_details": None}
+        chunk.update(extra)
         return chunk
 
     def _total_completion(self) -> int:
-        return sum(c.completion_tokens for c in self._choices)
+        return sum(c.ids_seen for c in self._choices)

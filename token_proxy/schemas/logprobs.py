@@ -30,10 +30,14 @@ class TokenNamer:
     def name(self, token_id: int) -> str:
         return f"token_id:{token_id}" if self._as_ids else self._texts.text(token_id)
 
+    def text_bytes(self, token_id: int) -> list[int]:
+        """vLLM fills the sampled entry's `bytes` from the decoded text even in token-id mode."""
+        return list(self._texts.text(token_id).encode("utf-8", "replace"))
 
-def _entry(namer: TokenNamer, token_id: int, logprob) -> dict:
+
+def _top_entry(namer: TokenNamer, token_id: int, logprob) -> dict:
     token = namer.name(token_id)
-    return {"token": token, "logprob": clamp(logprob), "bytes": list(token.encode("utf-8"))}
+    return {"token": token, "logprob": clamp(logprob), "bytes": list(token.encode("utf-8", "replace"))}
 
 
 def top_row(sampled_id: int, sampled_lp, row, top_n: int) -> list[tuple[int, float]]:
@@ -52,11 +56,35 @@ def chat_logprob_content(token_logprobs: list, top_logprobs: list | None, top_n:
     rows = top_logprobs or []
     content = []
     for i, (lp, token_id, *_) in enumerate(token_logprobs):
-        entry = _entry(namer, token_id, lp)
         row = rows[i] if i < len(rows) else None
-        entry["top_logprobs"] = [_entry(namer, t, l) for t, l in top_row(token_id, lp, row, top_n)]
-        content.append(entry)
+        content.append({
+            "token": namer.name(token_id),
+            "logprob": clamp(lp),
+            "bytes": namer.text_bytes(token_id),
+            "top_logprobs": [_top_entry(namer, t, l) for t, l in top_row(token_id, lp, row, top_n)],
+        })
     return content
+
+
+def prompt_logprobs(input_logprobs: list, input_top: list | None, top_n: int, namer: TokenNamer) -> list:
+    """vLLM's prompt_logprobs: None for the first position, then {id: {logprob, rank, decoded_token}}.
+
+    SGLang reports no rank for a token outside the top-k; it is null there.
+    """
+    rows = input_top or []
+    out: list = []
+    for i, (lp, token_id, *_) in enumerate(input_logprobs):
+        if i == 0 or lp is None:
+            out.append(None)
+            continue
+        row = [(t, l) for l, t, *_ in (rows[i] if i < len(rows) and rows[i] else [])][:top_n]
+        ranks = {t: r for r, (t, _) in enumerate(row, start=1)}
+        entry = {str(token_id): {"logprob": clamp(lp), "rank": ranks.get(token_id),
+                                 "decoded_token": namer.name(token_id)}}
+        for t, l in row:
+            entry.setdefault(str(t), {"logprob": clamp(l), "rank": ranks[t], "decoded_token": namer.name(t)})
+        out.append(entry)
+    return out
 
 
 def completion_logprobs(token_logprobs: list, top_logprobs: list | None, top_n: int, namer: TokenNamer,

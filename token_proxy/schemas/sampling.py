@@ -19,6 +19,7 @@ MAX_STOP_STRINGS = 32  # SGLang's limit
 class SamplingRequest:
     n: int = 1
     max_tokens: int | None = None  # None: the rest of the context, as in vLLM
+    max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
     min_tokens: int = 0
     temperature: float | None = None  # None: leave SGLang's (model) default
     top_p: float | None = None
@@ -48,9 +49,10 @@ def parse_sampling(body: dict, vocab_size: int, *, top_logprobs_key: str = "top_
     logprobs, top_logprobs = _parse_logprobs(body, top_logprobs_key)
     return SamplingRequest(
         n=opt_int(body, "n", 1, lo=1, hi=1024),
-        max_tokens=_parse_max_tokens(body),
+        max_tokens=opt_int(body, _max_tokens_key(body), lo=1),
+        max_tokens_param=_max_tokens_key(body),
         min_tokens=opt_int(body, "min_tokens", 0, lo=0),
-        temperature=opt_float(body, "temperature", lo=0.0),
+        temperature=opt_float(body, "temperature", lo=0.0, hi=2.0),
         top_p=_parse_top_p(body),
         top_k=_parse_top_k(body),
         min_p=opt_float(body, "min_p", lo=0.0, hi=1.0),
@@ -69,7 +71,7 @@ def parse_sampling(body: dict, vocab_size: int, *, top_logprobs_key: str = "top_
         constraint=_parse_constraint(body),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        prompt_logprobs=opt_int(body, "prompt_logprobs", lo=-1, hi=MAX_TOP_LOGPROBS),
+        prompt_logprobs=opt_int(body, "prompt_logprobs", lo=0, hi=MAX_TOP_LOGPROBS),
     )
 
 
@@ -83,9 +85,8 @@ def _refuse_unsupported(body: dict) -> None:
             raise bad(key, "is not supported by the SGLang backend")
 
 
-def _parse_max_tokens(body: dict) -> int | None:
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    return opt_int(body, key, lo=1)
+def _max_tokens_key(body: dict) -> str:
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
 
 
 def _parse_top_p(body: dict) -> float | None:

@@ -6,7 +6,7 @@ bare 500 and 0.5.23 with a 400, so nothing vLLM-only may leak through.
 
 from __future__ import annotations
 
-from token_proxy.errors import context_length_error
+from token_proxy.errors import InvalidRequest, max_tokens_too_large, prompt_too_long
 from token_proxy.schemas.sampling import SamplingRequest
 
 # vLLM field -> SGLang sampling_params key, copied when the client set it.
@@ -24,15 +24,19 @@ _OPTIONAL_SAMPLING = (
 
 
 def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len: int) -> int:
-    """vLLM's rule: absent means the rest of the context; too many is the client's error."""
-    if prompt_len >= max_model_len:
-        raise context_length_error(max_model_len, prompt_len)
+    """vLLM's rule: absent means the rest of the context, and prompt + max_tokens past the
+    context is clamped (finish_reason "length"); only a prompt or a max_tokens that alone
+    exceeds the context is the client's error."""
+    if sampling.max_tokens is not None and sampling.max_tokens > max_model_len:
+        raise max_tokens_too_large(sampling.max_tokens_param, sampling.max_tokens, max_model_len)
+    if prompt_len > max_model_len:
+        raise prompt_too_long(max_model_len, prompt_len)
     room = max_model_len - prompt_len
-    if sampling.max_tokens is None:
-        return room
-    if sampling.max_tokens > room:
-        raise context_length_error(max_model_len, prompt_len, sampling.max_tokens)
-    return sampling.max_tokens
+    if room < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {room}: the prompt ({prompt_len} tokens) "
+                             f"fills the model's maximum context length of {max_model_len} tokens.",
+                             param="max_tokens")
+    return room if sampling.max_tokens is None else min(room, sampling.max_tokens)
 
 
 def sampling_params(sampling: SamplingRequest, max_new_tokens: int) -> dict:

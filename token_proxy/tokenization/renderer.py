@@ -42,8 +42,8 @@ class ChatPrompt:
 
 class PromptRenderer:
     def __init__(self, tokenizer, executor: Executor, cache_size: int):
-        self._tokenizer = tokenizer
-        self._executor = executor
+        self.tokenizer = tokenizer
+        self.executor = executor
         self._cache_size = cache_size
         self._cache: OrderedDict[bytes, asyncio.Future] = OrderedDict()
         self.hits = 0
@@ -52,7 +52,7 @@ class PromptRenderer:
     async def render_chat(self, prompt: ChatPrompt) -> list[int]:
         """Prompt ids for a chat (a fresh list: callers may keep or change it)."""
         if self._cache_size <= 0:
-            return list(await self._run(render_chat_ids, self._tokenizer, prompt))
+            return list(await self._run(render_chat_ids, self.tokenizer, prompt))
         key = prompt.cache_key()
         future = self._cache.get(key)
         if future is not None:
@@ -60,7 +60,7 @@ class PromptRenderer:
             self._cache.move_to_end(key)
             return list(await asyncio.shield(future))
         self.misses += 1
-        future = asyncio.ensure_future(self._run(render_chat_ids, self._tokenizer, prompt))
+        future = asyncio.ensure_future(self._run(render_chat_ids, self.tokenizer, prompt))
         self._remember(key, future)
         try:
             return list(await asyncio.shield(future))
@@ -69,10 +69,10 @@ class PromptRenderer:
             raise
 
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return await self._run(encode_text, self._tokenizer, text, add_special_tokens)
+        return await self._run(encode_text, self.tokenizer, text, add_special_tokens)
 
     async def render_text(self, prompt: ChatPrompt) -> str:
-        return await self._run(render_chat_text, self._tokenizer, prompt)
+        return await self._run(render_chat_text, self.tokenizer, prompt)
 
     def _remember(self, key: bytes, future: asyncio.Future) -> None:
         self._cache[key] = future
@@ -80,7 +80,7 @@ class PromptRenderer:
             self._cache.popitem(last=False)
 
     async def _run(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
 
 def render_chat_text(tokenizer, prompt: ChatPrompt) -> str:

@@ -1,0 +1,246 @@
+"""POST /v1/chat/completions through the proxy, in front of the simulator, with a real BPE tokenizer."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+
+from token_proxy.simulator import SIM_STATE
+
+EOS = 151645
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+# The rendering real SGLang 0.5.17 saw for USER (../shared/golden/generate_nonstream.json).
+GOLDEN_PROMPT_IDS = [151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198, 151644, 77091, 198]
+# vLLM 0.33's keys, in its order.
+TOP_KEYS = ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint", "usage",
+            "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params", "ec_transfer_params", "metrics"]
+CHOICE_KEYS = ["index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids", "routed_experts",
+               "weight_versions"]
+MESSAGE_KEYS = ["role", "content", "refusal", "annotations", "audio", "function_call", "reasoning"]
+
+
+async def post(client, body, path="/v1/chat/completions"):
+    resp = await client.post(path, data=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    return resp.status, orjson.loads(await resp.read())
+
+
+async def sse(client, body):
+    resp = await client.post("/v1/chat/completions", data=orjson.dumps({**body, "stream": True}))
+    assert resp.status == 200, await resp.text()
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    raw = (await resp.read()).decode()
+    frames = [f[len("data: "):] for f in raw.split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    return [orjson.loads(f) for f in frames[:-1]]
+
+
+async def sim_generate(sim, payload):
+    async with aiohttp.ClientSession() as session:
+        async with session.post(sim.make_url("/generate"), json=payload) as resp:
+            return await resp.json()
+
+
+async def test_prompt_ids_are_the_template_rendering_and_token_ids_the_engines(proxy, sim, hf_tokenizer):
+    status, body = await post(proxy, {"model": "sim/qwen2-tiny", "messages": USER, "max_tokens": 8,
+                                      "temperature": 0, "return_token_ids": True})
+    assert status == 200, body
+    assert list(body) == TOP_KEYS
+    assert body["prompt_token_ids"] == GOLDEN_PROMPT_IDS
+    text = hf_tokenizer.apply_chat_template(USER, add_generation_prompt=True, tokenize=False)
+    assert body["prompt_token_ids"] == hf_tokenizer.encode(text, add_special_tokens=False)
+    sent = sim.app[SIM_STATE].received[-1]
+    assert sent["input_ids"] == GOLDEN_PROMPT_IDS
+    assert sent["sampling_params"] == {"max_new_tokens": 8, "n": 1, "skip_special_tokens": True,
+                                       "spaces_between_special_tokens": True, "temperature": 0.0}
+    direct = await sim_generate(sim, {"input_ids": GOLDEN_PROMPT_IDS,
+                                      "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    (choice,) = body["choices"]
+    assert list(choice) == CHOICE_KEYS
+    assert list(choice["message"]) == MESSAGE_KEYS
+    assert choice["token_ids"] == direct["output_ids"]
+    assert choice["message"]["content"] == hf_tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+    assert choice["message"]["role"] == "assistant"
+    assert choice["logprobs"] is None
+    assert body["usage"]["prompt_tokens"] == 15
+    assert body["usage"]["completion_tokens"] == len(choice["token_ids"])
+    assert body["usage"]["total_tokens"] == 15 + len(choice["token_ids"])
+    assert list(body["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens", "prompt_tokens_details",
+                                   "completion_tokens_details"]
+    assert set(body["usage"]["prompt_tokens_details"]) == {"cached_tokens"}
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+
+
+async def test_fields_not_requested_are_null(proxy):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+    assert status == 200
+    assert body["prompt_token_ids"] is None
+    assert body["choices"][0]["token_ids"] is None
+    assert body["choices"][0]["logprobs"] is None
+    assert body["prompt_logprobs"] is None
+
+
+async def test_absent_max_tokens_asks_sglang_for_the_rest_of_the_context(proxy, sim):
+    status, _ = await post(proxy, {"messages": USER, "logit_bias": {str(EOS): 100}, "min_tokens": 1})
+    assert status == 200
+    assert sim.app[SIM_STATE].received[-1]["sampling_params"]["max_new_tokens"] == 4096 - 15
+
+
+async def test_eos_is_in_token_ids_not_in_text_and_stop_reason_is_null(proxy, hf_tokenizer):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 32, "temperature": 0, "min_tokens": 3,
+                                      "logit_bias": {str(EOS): 100}, "return_token_ids": True})
+    assert status == 200
+    (choice,) = body["choices"]
+    assert choice["token_ids"][-1] == EOS and len(choice["token_ids"]) == 4
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] is None
+    assert choice["message"]["content"] == hf_tokenizer.decode(choice["token_ids"][:-1])
+
+
+async def test_length_finish_and_stop_token_id(proxy):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 5, "temperature": 0,
+                                      "return_token_ids": True})
+    assert status == 200
+    first = body["choices"][0]
+    assert first["finish_reason"] == "length" and len(first["token_ids"]) == 5
+    stop_id = first["token_ids"][2]
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 5, "temperature": 0,
+                                      "return_token_ids": True, "stop_token_ids": [stop_id]})
+    choice = body["choices"][0]
+    assert choice["token_ids"] == first["token_ids"][: first["token_ids"].index(stop_id) + 1]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop_id
+
+
+async def test_stop_string_is_reported_and_trimmed(proxy, hf_tokenizer):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                      "return_token_ids": True})
+    full = body["choices"][0]["message"]["content"]
+    stop = full[3:5]
+    assert stop and stop in full
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                      "return_token_ids": True, "stop": [stop]})
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    assert choice["message"]["content"] == full[: full.index(stop)]
+    assert stop in hf_tokenizer.decode(choice["token_ids"])
+
+
+async def test_logprobs_line_up_with_token_ids(proxy):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 6, "temperature": 0, "logprobs": True,
+                                      "top_logprobs": 3, "return_token_ids": True,
+                                      "return_tokens_as_token_ids": True})
+    assert status == 200
+    choice = body["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert [e["token"] for e in content] == [f"token_id:{t}" for t in choice["token_ids"]]
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert len(entry["top_logprobs"]) == 3
+        assert entry["top_logprobs"][0]["token"] == entry["token"]
+        assert entry["top_logprobs"][0]["logprob"] == entry["logprob"]
+        assert -9999.0 <= entry["logprob"] <= 0.0
+
+
+async def test_n_choices(proxy):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 4, "n": 3, "temperature": 1.0, "seed": 5,
+                                      "return_token_ids": True})
+    assert status == 200
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"])
+
+
+async def test_tools_and_template_kwargs_reach_the_rendering(proxy, hf_tokenizer):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    status, body = await post(proxy, {"messages": USER, "tools": tools, "max_tokens": 1, "return_token_ids": True})
+    assert status == 200
+    expected = hf_tokenizer.apply_chat_template(USER, tools=tools, add_generation_prompt=True, tokenize=False)
+    assert body["prompt_token_ids"] == hf_tokenizer.encode(expected, add_special_tokens=False)
+    assert "get_weather" in hf_tokenizer.decode(body["prompt_token_ids"])
+
+
+async def test_continue_final_message(proxy, hf_tokenizer):
+    msgs = USER + [{"role": "assistant", "content": "The capital is"}]
+    status, body = await post(proxy, {"messages": msgs, "add_generation_prompt": False,
+                                      "continue_final_message": True, "max_tokens": 1, "return_token_ids": True})
+    assert status == 200
+    assert hf_tokenizer.decode(body["prompt_token_ids"]).endswith("<|im_start|>assistant\nThe capital is")
+
+
+async def test_prompt_cache_serves_repeats(proxy):
+    from token_proxy.proxy.context import CONTEXT
+
+    renderer = proxy.server.app[CONTEXT].renderer
+    before = renderer.hits
+    for _ in range(3):
+        status, _ = await post(proxy, {"messages": USER, "max_tokens": 1})
+        assert status == 200
+    assert renderer.hits - before >= 2
+
+
+async def test_streaming_matches_non_streaming(proxy, hf_tokenizer):
+    body = {"messages": USER, "max_tokens": 24, "temperature": 1.0, "seed": 11, "return_token_ids": True,
+            "logprobs": True, "stream_options": {"include_usage": True}}
+    _, plain = await post(proxy, {k: v for k, v in body.items() if k != "stream_options"})
+    chunks = await sse(proxy, body)
+    first = chunks[0]
+    assert first["object"] == "chat.completion.chunk"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["prompt_token_ids"] == GOLDEN_PROMPT_IDS
+    content = [c for c in chunks[1:] if c["choices"]]
+    ids = [t for c in content for t in c["choices"][0]["token_ids"]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in content)
+    assert ids == plain["choices"][0]["token_ids"]
+    assert text == plain["choices"][0]["message"]["content"]
+    assert "\ufffd" not in text or "\ufffd" in plain["choices"][0]["message"]["content"]
+    lps = [e for c in content for e in c["choices"][0]["logprobs"]["content"]]
+    assert len(lps) == len(ids)
+    assert content[-1]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(ids)
+
+
+async def test_streaming_with_incremental_sglang(make_sim, make_proxy):
+    sim = await make_sim(incremental_streaming_output=True)
+    proxy = await make_proxy(sim)
+    body = {"messages": USER, "max_tokens": 16, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    _, plain = await post(proxy, body)
+    chunks = await sse(proxy, body)
+    ids = [t for c in chunks[1:] for t in c["choices"][0]["token_ids"]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:])
+    assert ids == plain["choices"][0]["token_ids"] and len(ids) == 16
+    assert text == plain["choices"][0]["message"]["content"]
+
+
+async def test_streaming_n2_each_choice_finishes(proxy):
+    chunks = await sse(proxy, {"messages": USER, "max_tokens": 3, "n": 2, "temperature": 1.0, "seed": 1,
+                               "return_token_ids": True})
+    roles = [c for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]]
+    assert [c["choices"][0]["index"] for c in roles] == [0, 1]
+    finished = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"] for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"]}
+    assert finished == {0: "length", 1: "length"}
+    for index in (0, 1):
+        ids = [t for c in chunks[2:] if c["choices"][0]["index"] == index for t in c["choices"][0]["token_ids"]]
+        assert len(ids) == 3
+
+
+async def test_openai_client_happy_paths(proxy):
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="unused", max_retries=0)
+    models = await client.models.list()
+    assert models.data[0].id == "sim/qwen2-tiny"
+    assert models.data[0].model_extra["max_model_len"] == 4096
+    r = await client.chat.completions.create(model="sim/qwen2-tiny", messages=USER, max_tokens=5, temperature=0,
+                                             extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert r.model_extra["prompt_token_ids"] == GOLDEN_PROMPT_IDS
+    assert len(r.choices[0].model_extra["token_ids"]) == 5
+    assert r.choices[0].finish_reason == "length"
+    stream = await client.chat.completions.create(model="sim/qwen2-tiny", messages=USER, max_tokens=5,
+                                                  temperature=0, stream=True,
+                                                  extra_body={"return_token_ids": True, "ignore_eos": True})
+    ids = []
+    async for chunk in stream:
+        if chunk.choices:
+            ids += chunk.choices[0].model_extra.get("token_ids") or []
+    assert ids == r.choices[0].model_extra["token_ids"]
+    await client.close()

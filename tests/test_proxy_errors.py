@@ -1,0 +1,210 @@
+"""Every error path: the status, OpenAI's error body, and the parameter named."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from aiohttp import web
+
+from token_proxy.simulator import SIM_STATE
+
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+async def post_raw(client, data: bytes, path="/v1/chat/completions"):
+    resp = await client.post(path, data=data, headers={"Content-Type": "application/json"})
+    return resp.status, orjson.loads(await resp.read())
+
+
+async def post(client, body, path="/v1/chat/completions"):
+    return await post_raw(client, orjson.dumps(body), path)
+
+
+def assert_error(status, body, want_status, param=None, contains=None):
+    assert status == want_status, body
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == want_status
+    if param is not None:
+        assert body["error"]["param"] == param
+    if contains is not None:
+        assert contains in body["error"]["message"]
+
+
+@pytest.mark.parametrize("raw,param", [
+    (b"{not json", "body"), (b"", "body"), (b"[1, 2]", "body"), (b'"text"', "body"),
+    (b'{"messages": "\xff\xfe"}', "body"),
+])
+async def test_malformed_bodies_are_400(proxy, raw, param):
+    status, body = await post_raw(proxy, raw)
+    assert_error(status, body, 400, param)
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "oracle", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ({"n": 0}, "n"), ({"n": -3}, "n"), ({"max_tokens": -1}, "max_tokens"), ({"max_tokens": "10"}, "max_tokens"),
+    ({"temperature": "hot"}, "temperature"), ({"top_p": 1.5}, "top_p"), ({"top_k": 1.5}, "top_k"),
+    ({"stop_token_ids": [10**9]}, "stop_token_ids"), ({"logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"use_beam_search": True}, "use_beam_search"), ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
+    ({"top_logprobs": 50, "logprobs": True}, "top_logprobs"),
+    ({"chat_template_kwargs": []}, "chat_template_kwargs"),
+])
+async def test_validation_errors_name_the_parameter(proxy, sim, extra, param):
+    before = len(sim.app[SIM_STATE].received)
+    status, body = await post(proxy, {"messages": USER, **extra})
+    assert_error(status, body, 400, param)
+    assert len(sim.app[SIM_STATE].received) == before  # nothing reached SGLang
+
+
+async def test_template_error_is_400(proxy):
+    status, body = await post(proxy, {"messages": USER, "chat_template": "{{ raise_exception('no way') }}"})
+    assert_error(status, body, 400, "messages", "no way")
+
+
+async def test_prompt_longer_than_context_gets_vllms_message(proxy, sim):
+    long = [{"role": "user", "content": "hello " * 5000}]
+    status, body = await post(proxy, {"messages": long})
+    assert_error(status, body, 400, "input_tokens", "This model's maximum context length is 4096 tokens. However, "
+                                                    "your prompt contains 50")
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 5000})
+    assert_error(status, body, 400, "max_tokens", "max_tokens=5000 cannot be greater than max_model_len=4096")
+    assert len(sim.app[SIM_STATE].received) == 0
+    # prompt + max_tokens past the context is clamped, as vLLM does
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 4090, "ignore_eos": True,
+                                      "return_token_ids": True})
+    assert status == 200
+    assert sim.app[SIM_STATE].received[-1]["sampling_params"]["max_new_tokens"] == 4096 - 15
+
+
+async def test_unknown_model_is_404(proxy):
+    status, body = await post(proxy, {"model": "gpt-9", "messages": USER})
+    assert_error(status, body, 404, "model", "gpt-9")
+
+
+async def test_unknown_route_is_404_json(proxy):
+    resp = await proxy.get("/v1/nothing")
+    body = orjson.loads(await resp.read())
+    assert_error(resp.status, body, 404)
+
+
+async def test_backend_gone_is_503_and_health_follows(make_sim, make_proxy):
+    sim = await make_sim()
+    proxy = await make_proxy(sim)
+    assert (await proxy.get("/health")).status == 200
+    await sim.close()
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+    assert_error(status, body, 503, contains="unreachable")
+    resp = await proxy.get("/health")
+    assert resp.status == 503
+
+
+async def test_backend_crash_is_502_not_a_client_error(proxy, sim):
+    sim.app[SIM_STATE].crashed = True
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+    assert status in (502, 503), body
+    assert body["error"]["code"] == status
+
+
+async def test_timeout_is_504_and_aborts_upstream(make_sim, make_proxy):
+    sim = await make_sim(ttft_s=5.0)
+    proxy = await make_proxy(sim, request_timeout_s=0.3)
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+    assert_error(status, body, 504)
+    state = sim.app[SIM_STATE]
+    for _ in range(100):
+        if not state.running:
+            break
+        await asyncio.sleep(0.02)
+    assert state.running == {}
+    assert len(state.aborted) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_client_disconnect_aborts_the_sglang_request(make_sim, make_proxy, stream):
+    sim = await make_sim(tpot_s=0.05)
+    proxy = await make_proxy(sim)
+    state = sim.app[SIM_STATE]
+    body = {"messages": USER, "max_tokens": 500, "ignore_eos": True, "stream": stream}
+    task = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=orjson.dumps(body)))
+    for _ in range(200):
+        if state.running:
+            break
+        await asyncio.sleep(0.01)
+    assert len(state.running) == 1
+    rid = next(iter(state.running))
+    if stream:
+        resp = await task
+        await resp.content.readany()
+        resp.close()
+    else:
+        task.cancel()
+    await proxy.session.close()
+    for _ in range(200):
+        if not state.running:
+            break
+        await asyncio.sleep(0.01)
+    assert state.running == {}
+    assert rid in state.aborted
+
+
+async def _fake_backend(aiohttp_server, stream_events: list[bytes]):
+    """A backend that streams the given raw SSE frames (for errors the simulator never makes)."""
+    async def info(request):
+        return web.json_response({"model_path": "fake", "tokenizer_path": "fake", "served_model_name": "fake",
+                                  "incremental_streaming_output": True, "weight_version": "v0",
+                                  "data": [{"id": "fake", "max_model_len": 4096}]})
+
+    async def generate(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for frame in stream_events:
+            await resp.write(frame)
+        return resp
+
+    async def healthy(request):
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_get("/health", healthy)
+    for path in ("/model_info", "/server_info", "/v1/models"):
+        app.router.add_get(path, info)
+    app.router.add_post("/generate", generate)
+    return await aiohttp_server(app)
+
+
+async def test_sglang_error_mid_stream_becomes_an_error_chunk_then_done(aiohttp_server, make_proxy):
+    first = {"text": "a", "output_ids": [64], "meta_info": {"finish_reason": None, "completion_tokens": 1}}
+    error = {"error": {"message": "scheduler exploded", "type": "internal", "code": 500}}
+    backend = await _fake_backend(aiohttp_server, [b"data: " + orjson.dumps(first) + b"\n\n",
+                                                   b"data: " + orjson.dumps(error) + b"\n\n", b"data: [DONE]\n\n"])
+    proxy = await make_proxy(backend, served_model_name="fake")
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"messages": USER, "stream": True}))
+    assert resp.status == 200
+    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    last = orjson.loads(frames[-2])
+    assert last["error"]["code"] == 502 and "scheduler exploded" in last["error"]["message"]
+
+
+async def test_sglang_error_before_first_token_is_an_http_error(aiohttp_server, make_proxy):
+    error = {"error": {"message": "The input (5000 tokens) is longer than the model's context length",
+                       "code": 400}}
+    backend = await _fake_backend(aiohttp_server, [b"data: " + orjson.dumps(error) + b"\n\n", b"data: [DONE]\n\n"])
+    proxy = await make_proxy(backend, served_model_name="fake")
+    status, body = await post(proxy, {"messages": USER, "stream": True})
+    assert_error(status, body, 400, contains="longer than the model's context length")
+
+
+async def test_stream_cut_short_by_sglang_ends_with_error_chunk(aiohttp_server, make_proxy):
+    first = {"text": "a", "output_ids": [64], "meta_info": {"finish_reason": None, "completion_tokens": 1}}
+    backend = await _fake_backend(aiohttp_server, [b"data: " + orjson.dumps(first) + b"\n\n"])
+    proxy = await make_proxy(backend, served_model_name="fake")
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"messages": USER, "stream": True}))
+    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    assert "before every choice finished" in orjson.loads(frames[-2])["error"]["message"]
