@@ -110,6 +110,29 @@ async def test_length_finish_and_stop_token_id(proxy):
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop_id
 
 
+async def test_ignore_eos_keeps_stop_token_ids_working_as_in_vllm(proxy, sim, hf_tokenizer):
+    """SGLang's ignore_eos also disables stop_token_ids; vLLM's does not, so the proxy enforces them."""
+    base = {"messages": USER, "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True,
+            "logprobs": True}
+    _, full = await post(proxy, base)
+    ids = full["choices"][0]["token_ids"]
+    stop_id = ids[3]
+    want = ids[: ids.index(stop_id) + 1]
+    _, body = await post(proxy, {**base, "stop_token_ids": [stop_id]})
+    choice = body["choices"][0]
+    assert sim.app[SIM_STATE].received[-1]["sampling_params"]["ignore_eos"] is True
+    assert choice["token_ids"] == want
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop_id)
+    assert choice["message"]["content"] == hf_tokenizer.decode(want[:-1])
+    assert len(choice["logprobs"]["content"]) == len(want)
+    assert body["usage"]["completion_tokens"] == len(want)
+    chunks = await sse(proxy, {**base, "stop_token_ids": [stop_id]})
+    streamed = [t for c in chunks[1:] for t in c["choices"][0]["token_ids"]]
+    assert streamed == want
+    assert chunks[-1]["choices"][0]["stop_reason"] == stop_id
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:]) == choice["message"]["content"]
+
+
 async def test_stop_string_is_reported_and_trimmed(proxy, hf_tokenizer):
     status, body = await post(proxy, {"messages": USER, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
                                       "return_token_ids": True})

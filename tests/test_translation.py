@@ -33,16 +33,24 @@ def payload_for(req, prompt_len=10, ctx=100):
 
 def test_payload_maps_vllm_fields_to_sglang_keys_only():
     req = chat(max_tokens=7, min_tokens=2, temperature=0.5, top_p=0.9, top_k=0, min_p=0.1, seed=3,
-               stop="x", stop_token_ids=[5], ignore_eos=True, frequency_penalty=0.5, presence_penalty=-0.5,
+               stop="x", stop_token_ids=[5], frequency_penalty=0.5, presence_penalty=-0.5,
                repetition_penalty=1.1, logit_bias={"12": 200}, include_stop_str_in_output=True,
                skip_special_tokens=False, return_token_ids=True, n=2)
     params = payload_for(req)["sampling_params"]
     assert params == {
         "max_new_tokens": 7, "n": 2, "skip_special_tokens": False, "spaces_between_special_tokens": True,
-        "min_new_tokens": 2, "stop": ["x"], "no_stop_trim": True, "stop_token_ids": [5], "ignore_eos": True,
+        "min_new_tokens": 2, "stop": ["x"], "no_stop_trim": True, "stop_token_ids": [5],
         "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1, "frequency_penalty": 0.5,
         "presence_penalty": -0.5, "repetition_penalty": 1.1, "sampling_seed": 3, "logit_bias": {"12": 100.0},
     }
+
+
+def test_ignore_eos_with_stop_ids_leaves_the_stop_ids_to_the_proxy():
+    req = chat(ignore_eos=True, stop_token_ids=[5, 6])
+    params = payload_for(req)["sampling_params"]
+    assert params["ignore_eos"] is True and "stop_token_ids" not in params
+    assert req.sampling.proxy_stop_ids == {5, 6}
+    assert chat(stop_token_ids=[5]).sampling.proxy_stop_ids == frozenset()
 
 
 def test_absent_max_tokens_means_rest_of_context_never_sglangs_128():

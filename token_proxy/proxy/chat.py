@@ -74,6 +74,9 @@ async def stream_translated(request: web.Request, ctx: ProxyContext, payload: di
                 frames = translator.feed(event)
                 if frames:
                     await response.write(sse_frames(frames))
+                if translator.cut_short and translator.done:
+                    ctx.spawn(ctx.client.abort(rid))  # SGLang would go on to max_tokens
+                    break
             if not translator.done:
                 raise BackendError("SGLang ended the stream before every choice finished")
             await response.write(sse_frames(translator.finish()) + DONE)

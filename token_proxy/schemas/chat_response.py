@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from token_proxy.schemas.chat_request import ChatRequest
-from token_proxy.schemas.generation import Generation, map_finish
+from token_proxy.schemas.generation import Generation, cut_at_stop_ids, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
 
 
@@ -70,8 +70,16 @@ def request_prompt_logprobs(req_prompt_logprobs: int | None, gen: Generation, na
                            req_prompt_logprobs, namer)
 
 
+def enforce_stop_ids(req: ChatRequest, gens: list[Generation], namer: TokenNamer) -> list[Generation]:
+    stop_ids = req.sampling.proxy_stop_ids
+    if not stop_ids:
+        return gens
+    skip = req.sampling.skip_special_tokens
+    return [cut_at_stop_ids(g, stop_ids, lambda ids: namer.decode(ids, skip)) for g in gens]
+
+
 def chat_response(req: ChatRequest, meta: ResponseMeta, gens: list[Generation], namer: TokenNamer) -> dict:
-    gens = sorted(gens, key=lambda g: g.index)
+    gens = sorted(enforce_stop_ids(req, gens, namer), key=lambda g: g.index)
     completion_tokens = sum(len(g.token_ids) for g in gens)
     return {
         "id": meta.response_id,

@@ -9,7 +9,7 @@ with an empty delta, as vLLM does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from token_proxy.schemas.chat_request import ChatRequest
 from token_proxy.schemas.chat_response import ResponseMeta, usage
@@ -25,6 +25,7 @@ class _Choice:
     sent_chars: int = 0
     ids_seen: int = 0
     logprobs_seen: int = 0
+    ids: list = field(default_factory=list)  # kept only while the proxy enforces stop ids
     finished: bool = False
 
 
@@ -38,6 +39,8 @@ class ChatStreamTranslator:
         self._holdback = max((len(s) for s in req.sampling.stop), default=1) - 1
         self._eos = None if req.sampling.ignore_eos else meta.eos_token_id
         self._cached_tokens = 0
+        self._stop_ids = req.sampling.proxy_stop_ids
+        self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         # vLLM honours continuous_usage_stats only together with include_usage.
         self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
 
@@ -71,6 +74,9 @@ class ChatStreamTranslator:
         state.logprobs_seen += len(new_logprobs)
         finish = meta.get("finish_reason")
         self._take_text(state, event.get("text") or "")
+        if self._stop_ids:
+            new_ids, new_logprobs, new_top, finish = self._cut_at_stop_id(state, new_ids, new_logprobs, new_top,
+                                                                          finish)
         delta_text = self._releasable(state, final=finish is not None, finish=finish)
         if not new_ids and not delta_text and finish is None:
             return []
@@ -88,6 +94,19 @@ class ChatStreamTranslator:
         report = {k: v for k, v in report.items() if v is not None}
         return [{"id": self._meta.response_id, "object": "chat.completion.chunk", "created": self._meta.created,
                  "model": self._meta.model, "choices": [], "usage": report}]
+
+    def _cut_at_stop_id(self, state: _Choice, ids: list, logprobs: list, top: list, finish):
+        """vLLM stops at a stop id even under ignore_eos; SGLang does not, so the proxy does (and
+        the caller aborts the SGLang request once `cut_short`)."""
+        cut = next((i for i, t in enumerate(ids) if t in self._stop_ids), None)
+        if cut is None:
+            state.ids.extend(ids)
+            return ids, logprobs, top, finish
+        state.ids.extend(ids[: cut + 1])
+        state.ids_seen = len(state.ids)
+        state.text = self._namer.decode(state.ids[:-1], self._req.sampling.skip_special_tokens)
+        self.cut_short = True
+        return ids[: cut + 1], logprobs[: cut + 1], top[: cut + 1], {"type": "stop", "matched": ids[cut]}
 
     def _finish_chunk(self, choice: dict, state: _Choice, finish: dict) -> dict:
         if state.ids_seen == 0 and not choice["delta"].get("content"):

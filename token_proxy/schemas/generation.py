@@ -37,6 +37,25 @@ def generations(raw: list[dict]) -> list[Generation]:
     ]
 
 
+def cut_at_stop_ids(gen: Generation, stop_ids: frozenset[int], decode) -> Generation:
+    """End `gen` at its first token in `stop_ids`, as vLLM would have stopped there.
+
+    Used when the client asks for ignore_eos and stop_token_ids together: SGLang then runs
+    with ignore_eos alone (which would disable its stop ids) and the proxy stops instead.
+    `decode(ids)` gives the text of the kept tokens; the stop token's own text is dropped,
+    as vLLM drops it.
+    """
+    cut = next((i for i, t in enumerate(gen.token_ids) if t in stop_ids), None)
+    if cut is None:
+        return gen
+    meta = dict(gen.meta, completion_tokens=cut + 1)
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if meta.get(key) is not None:
+            meta[key] = meta[key][: cut + 1]
+    ids = gen.token_ids[: cut + 1]
+    return Generation(gen.index, decode(ids[:-1]), ids, {"type": "stop", "matched": ids[-1]}, meta)
+
+
 def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
     """SGLang's finish_reason -> vLLM's (finish_reason, stop_reason).
 

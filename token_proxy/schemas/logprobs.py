@@ -30,6 +30,9 @@ class TokenNamer:
     def name(self, token_id: int) -> str:
         return f"token_id:{token_id}" if self._as_ids else self._texts.text(token_id)
 
+    def decode(self, token_ids: list[int], skip_special_tokens: bool) -> str:
+        return self._texts.decode(token_ids, skip_special_tokens)
+
     def text_bytes(self, token_id: int) -> list[int]:
         """vLLM fills the sampled entry's `bytes` from the decoded text even in token-id mode."""
         return list(self._texts.text(token_id).encode("utf-8", "replace"))

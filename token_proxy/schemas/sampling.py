@@ -42,6 +42,12 @@ class SamplingRequest:
     top_logprobs: int = 0
     prompt_logprobs: int | None = None
 
+    @property
+    def proxy_stop_ids(self) -> frozenset[int]:
+        """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
+        vLLM's does not."""
+        return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
+
 
 def parse_sampling(body: dict, vocab_size: int, *, top_logprobs_key: str = "top_logprobs") -> SamplingRequest:
     """Read the sampling fields of a chat/completions/generate body; refuse what SGLang cannot honour."""

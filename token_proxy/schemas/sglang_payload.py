@@ -51,7 +51,7 @@ def sampling_params(sampling: SamplingRequest, max_new_tokens: int) -> dict:
     if sampling.stop:
         params["stop"] = list(sampling.stop)
         params["no_stop_trim"] = sampling.include_stop_str_in_output
-    if sampling.stop_token_ids:
+    if sampling.stop_token_ids and not sampling.ignore_eos:  # under ignore_eos SGLang would ignore them
         params["stop_token_ids"] = list(sampling.stop_token_ids)
     if sampling.ignore_eos:
         params["ignore_eos"] = True
