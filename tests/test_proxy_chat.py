@@ -163,12 +163,35 @@ async def test_logprobs_line_up_with_token_ids(proxy):
         assert -9999.0 <= entry["logprob"] <= 0.0
 
 
-async def test_n_choices(proxy):
-    status, body = await post(proxy, {"messages": USER, "max_tokens": 4, "n": 3, "temperature": 1.0, "seed": 5,
-                                      "return_token_ids": True})
+async def test_n_choices(proxy, sim):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 4, "n": 3, "temperature": 1.0,
+                                      "return_token_ids": True, "ignore_eos": True})
     assert status == 200
+    assert sim.app[SIM_STATE].received[-1]["sampling_params"]["n"] == 3
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
-    assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == sum(len(c["token_ids"]) for c in body["choices"]) == 12
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_seeded_n_samples_differ_and_repeat(proxy, sim, stream):
+    """SGLang would give n identical samples for one seed; vLLM gives n different ones, reproducibly."""
+    body = {"messages": USER, "max_tokens": 6, "n": 3, "temperature": 1.0, "seed": 5, "return_token_ids": True,
+            "ignore_eos": True}
+
+    async def samples():
+        if not stream:
+            _, out = await post(proxy, body)
+            return [c["token_ids"] for c in out["choices"]]
+        chunks = await sse(proxy, body)
+        return [[t for c in chunks if c["choices"] and c["choices"][0]["index"] == i
+                 for t in c["choices"][0].get("token_ids") or []] for i in range(3)]
+
+    first = await samples()
+    sent = sim.app[SIM_STATE].received[-1]
+    assert [p["sampling_seed"] for p in sent["sampling_params"]] == [5, 6, 7]
+    assert len(sent["input_ids"]) == 3 and sent["input_ids"][0] == GOLDEN_PROMPT_IDS
+    assert len({tuple(s) for s in first}) == 3 and all(len(s) == 6 for s in first)
+    assert await samples() == first
 
 
 async def test_tools_and_template_kwargs_reach_the_rendering(proxy, hf_tokenizer):

@@ -35,10 +35,10 @@ def test_payload_maps_vllm_fields_to_sglang_keys_only():
     req = chat(max_tokens=7, min_tokens=2, temperature=0.5, top_p=0.9, top_k=0, min_p=0.1, seed=3,
                stop="x", stop_token_ids=[5], frequency_penalty=0.5, presence_penalty=-0.5,
                repetition_penalty=1.1, logit_bias={"12": 200}, include_stop_str_in_output=True,
-               skip_special_tokens=False, return_token_ids=True, n=2)
+               skip_special_tokens=False, return_token_ids=True, n=1)
     params = payload_for(req)["sampling_params"]
     assert params == {
-        "max_new_tokens": 7, "n": 2, "skip_special_tokens": False, "spaces_between_special_tokens": True,
+        "max_new_tokens": 7, "n": 1, "skip_special_tokens": False, "spaces_between_special_tokens": True,
         "min_new_tokens": 2, "stop": ["x"], "no_stop_trim": True, "stop_token_ids": [5],
         "temperature": 0.5, "top_p": 0.9, "top_k": -1, "min_p": 0.1, "frequency_penalty": 0.5,
         "presence_penalty": -0.5, "repetition_penalty": 1.1, "sampling_seed": 3, "logit_bias": {"12": 100.0},

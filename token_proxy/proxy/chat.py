@@ -9,13 +9,13 @@ from aiohttp import web
 from token_proxy.errors import BackendError, BackendTimeout, NotFound, ProxyError
 from token_proxy.proxy.context import CONTEXT, ProxyContext, new_request_id, now
 from token_proxy.proxy.http_io import DONE, json_response, open_sse, read_json, sse_frames
-from token_proxy.proxy.upstream import aborting_on_exit
+from token_proxy.proxy.upstream import abort_all_of, aborting_on_exit
 from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
 from token_proxy.schemas.chat_response import ResponseMeta, chat_response
 from token_proxy.schemas.chat_stream import ChatStreamTranslator
 from token_proxy.schemas.generation import generations
 from token_proxy.schemas.logprobs import TokenNamer
-from token_proxy.schemas.sglang_payload import generate_payload, resolve_max_tokens
+from token_proxy.schemas.sglang_payload import generate_payload, payload_rids, resolve_max_tokens
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -37,8 +37,8 @@ async def serve_chat(request: web.Request, ctx: ProxyContext, req: ChatRequest) 
     namer = TokenNamer(ctx.token_texts, req.output.return_tokens_as_token_ids)
     if req.output.stream:
         translator = ChatStreamTranslator(req, meta, namer, ctx.backend.incremental_stream)
-        return await stream_translated(request, ctx, payload, meta.response_id, translator)
-    async with aborting_on_exit(ctx, meta.response_id):
+        return await stream_translated(request, ctx, payload, translator)
+    async with aborting_on_exit(ctx, payload_rids(payload)):
         raw = await ctx.client.generate(payload)
     return json_response(chat_response(req, meta, generations(raw), namer))
 
@@ -60,10 +60,11 @@ async def chat_prompt_ids(ctx: ProxyContext, req: ChatRequest) -> list[int]:
     return ids
 
 
-async def stream_translated(request: web.Request, ctx: ProxyContext, payload: dict, rid: str,
+async def stream_translated(request: web.Request, ctx: ProxyContext, payload: dict,
                             translator) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
-    async with aborting_on_exit(ctx, rid), contextlib.aclosing(ctx.client.generate_stream(payload)) as events:
+    rids = payload_rids(payload)
+    async with aborting_on_exit(ctx, rids), contextlib.aclosing(ctx.client.generate_stream(payload)) as events:
         first = await anext(events, None)
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
@@ -75,13 +76,13 @@ async def stream_translated(request: web.Request, ctx: ProxyContext, payload: di
                 if frames:
                     await response.write(sse_frames(frames))
                 if translator.cut_short and translator.done:
-                    ctx.spawn(ctx.client.abort(rid))  # SGLang would go on to max_tokens
+                    abort_all_of(ctx, rids)  # SGLang would go on to max_tokens
                     break
             if not translator.done:
                 raise BackendError("SGLang ended the stream before every choice finished")
             await response.write(sse_frames(translator.finish()) + DONE)
         except ProxyError as exc:
             if isinstance(exc, BackendTimeout):
-                ctx.spawn(ctx.client.abort(rid))
+                abort_all_of(ctx, rids)
             await response.write(sse_frames([exc.body()]) + DONE)
     return response

@@ -16,11 +16,16 @@ _ABORT_ON = (asyncio.CancelledError, ConnectionResetError, BackendTimeout)
 
 
 @contextlib.asynccontextmanager
-async def aborting_on_exit(ctx: ProxyContext, rid: str):
-    """Abort the SGLang request `rid` if the block ends because the client left or time ran out."""
+async def aborting_on_exit(ctx: ProxyContext, rids: list[str]):
+    """Abort the SGLang requests `rids` if the block ends because the client left or time ran out."""
     try:
         yield
     except _ABORT_ON as exc:
-        log.info("aborting SGLang request %s (%s)", rid, type(exc).__name__)
-        ctx.spawn(ctx.client.abort(rid))
+        log.info("aborting SGLang request %s (%s)", rids, type(exc).__name__)
+        abort_all_of(ctx, rids)
         raise
+
+
+def abort_all_of(ctx: ProxyContext, rids: list[str]) -> None:
+    for rid in rids:
+        ctx.spawn(ctx.client.abort(rid))

@@ -75,12 +75,10 @@ def generate_payload(
     cache_salt: str | None = None,
     priority: int | None = None,
 ) -> dict:
-    payload = {
-        "input_ids": prompt_ids,
-        "sampling_params": sampling_params(sampling, max_new_tokens),
-        "rid": rid,
-        "stream": stream,
-    }
+    params = sampling_params(sampling, max_new_tokens)
+    payload = {"input_ids": prompt_ids, "sampling_params": params, "rid": rid, "stream": stream}
+    if sampling.n > 1 and sampling.seed is not None:
+        payload.update(_seeded_batch(prompt_ids, params, rid, sampling.n, sampling.seed))
     if sampling.logprobs or sampling.prompt_logprobs is not None:
         payload.update(_logprob_fields(sampling))
     if cache_salt is not None:
@@ -88,6 +86,24 @@ def generate_payload(
     if priority is not None:
         payload["priority"] = priority
     return payload
+
+
+def payload_rids(payload: dict) -> list[str]:
+    """The rids to abort: SGLang does not abort a batch by a common prefix."""
+    rid = payload["rid"]
+    return rid if isinstance(rid, list) else [rid]
+
+
+def _seeded_batch(prompt_ids: list[int], params: dict, rid: str, n: int, seed: int) -> dict:
+    """SGLang samples its n copies of a seeded request with the same seed at the same positions,
+    so they come out identical; vLLM's n seeded samples differ. Send n one-sample requests with
+    seeds seed, seed+1, ... instead (the prefix cache still shares the prompt)."""
+    one = dict(params, n=1)
+    return {
+        "input_ids": [prompt_ids] * n,
+        "sampling_params": [dict(one, sampling_seed=(seed + i) % 2**63) for i in range(n)],
+        "rid": [f"{rid}-{i}" for i in range(n)],
+    }
 
 
 def _logprob_fields(sampling: SamplingRequest) -> dict:
