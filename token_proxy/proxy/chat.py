@@ -43,6 +43,10 @@ async def serve_chat(request: web.Request, ctx: ProxyContext, req: ChatRequest) 
     return json_response(chat_response(req, meta, generations(raw), namer))
 
 
+def translate(translator, events: list[dict]) -> list[dict]:
+    return [chunk for event in events for chunk in translator.feed(event)]
+
+
 def checked_model(ctx: ProxyContext, model: str | None) -> str:
     served = ctx.backend.served_model_name
     if model is not None and model != served:
@@ -64,15 +68,15 @@ async def stream_translated(request: web.Request, ctx: ProxyContext, payload: di
                             translator) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
     rids = payload_rids(payload)
-    async with aborting_on_exit(ctx, rids), contextlib.aclosing(ctx.client.generate_stream(payload)) as events:
-        first = await anext(events, None)
+    async with aborting_on_exit(ctx, rids), contextlib.aclosing(ctx.client.generate_stream(payload)) as batches:
+        first = await anext(batches, None)
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         response = await open_sse(request)
-        await response.write(sse_frames(translator.start() + translator.feed(first)))
+        await response.write(sse_frames(translator.start() + translate(translator, first)))
         try:
-            async for event in events:
-                frames = translator.feed(event)
+            async for events in batches:
+                frames = translate(translator, events)
                 if frames:
                     await response.write(sse_frames(frames))
                 if translator.cut_short and translator.done:

@@ -30,7 +30,7 @@ def json_response(obj, status: int = 200) -> web.Response:
 
 
 def sse_frames(chunks: list[dict]) -> bytes:
-    return b"".join(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks)
+    return b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks])
 
 
 async def open_sse(request: web.Request) -> web.StreamResponse:

@@ -39,18 +39,27 @@ class SGLangClient:
         data = _loads(body)
         return data if isinstance(data, list) else [data]
 
-    async def generate_stream(self, payload: dict) -> AsyncIterator[dict]:
-        """Streaming /generate: yields each event's JSON object; an in-stream error raises."""
+    async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
+        """Streaming /generate: yields the events that arrived together (one network read), so the
+        caller can answer them with one write; an in-stream error raises."""
         async with self._post("/generate", payload) as resp:
             if resp.status != 200:
                 raise _error_from_status(resp.status, await resp.read())
-            async for data in _sse_events(resp.content):
-                if data == b"[DONE]":
-                    return
-                event = _loads(data)
-                if isinstance(event, dict) and "error" in event:
-                    raise _error_from_body(event)
-                yield event
+            async for datas in _sse_batches(resp.content):
+                events = []
+                for data in datas:
+                    if data == b"[DONE]":
+                        if events:
+                            yield events
+                        return
+                    event = _loads(data)
+                    if isinstance(event, dict) and "error" in event:
+                        if events:
+                            yield events
+                        raise _error_from_body(event)
+                    events.append(event)
+                if events:
+                    yield events
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
@@ -116,26 +125,26 @@ class _Call:
         return False
 
 
-async def _sse_events(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The `data:` payloads of an SSE stream. Reads raw chunks: cumulative SGLang events exceed
-    aiohttp's 64 KiB line limit on long outputs."""
-    buffer = bytearray()
+async def _sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+    """The `data:` payloads of an SSE stream, grouped by network read. Reads raw chunks: cumulative
+    SGLang events exceed aiohttp's 64 KiB line limit on long outputs."""
+    pending = b""
     async for chunk in content.iter_any():
-        buffer += chunk
-        start = 0
-        while (end := buffer.find(b"\n\n", start)) >= 0:
-            data = _event_data(bytes(buffer[start:end]))
-            start = end + 2
-            if data is not None:
-                yield data
-        del buffer[:start]
-    if buffer.strip():
-        data = _event_data(bytes(buffer))
+        if pending:
+            chunk = pending + chunk
+        *events, pending = chunk.split(b"\n\n")
+        datas = [d for d in map(_event_data, events) if d is not None]
+        if datas:
+            yield datas
+    if pending.strip():
+        data = _event_data(pending)
         if data is not None:
-            yield data
+            yield [data]
 
 
 def _event_data(event: bytes) -> bytes | None:
+    if event.startswith(b"data: ") and b"\n" not in event:  # SGLang's one-line events
+        return event[6:]
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
 

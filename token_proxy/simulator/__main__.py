@@ -1,0 +1,60 @@
+"""python -m token_proxy.simulator: run the SGLang simulator standalone."""
+
+from __future__ import annotations
+
+import argparse
+
+from token_proxy.simulator.app import run_simulator
+from token_proxy.simulator.config import SimConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m token_proxy.simulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument(
+        "--tokenizer", default=None, help="directory with tokenizer.json (default: built-in Qwen2)"
+    )
+    parser.add_argument("--context-length", type=int, default=SimConfig.context_length)
+    parser.add_argument("--model-path", default=SimConfig.model_path)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--ttft-ms", type=float, default=SimConfig.ttft_s * 1000)
+    parser.add_argument("--tpot-ms", type=float, default=SimConfig.tpot_s * 1000)
+    parser.add_argument("--incremental-streaming-output", action="store_true")
+    parser.add_argument("--weight-version", default=SimConfig.weight_version)
+    parser.add_argument("--max-running-requests", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        from token_proxy.tokenization.builtin import ensure_builtin_tokenizer
+
+        tokenizer = str(ensure_builtin_tokenizer())
+    return SimConfig(
+        tokenizer_path=tokenizer,
+        context_length=args.context_length,
+        model_path=args.model_path,
+        served_model_name=args.served_model_name,
+        ttft_s=args.ttft_ms / 1000,
+        tpot_s=args.tpot_ms / 1000,
+        incremental_streaming_output=args.incremental_streaming_output,
+        weight_version=args.weight_version,
+        max_running_requests=args.max_running_requests,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = config_from_args(args)
+    run_simulator(
+        config,
+        args.host,
+        args.port,
+        ready=lambda port: print(f"SGLang simulator ready on http://{args.host}:{port}", flush=True),
+    )
+
+
+if __name__ == "__main__":
+    main()

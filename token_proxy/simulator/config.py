@@ -1,0 +1,38 @@
+"""The simulator's one configuration object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# SGLang's scheduler keeps this many slots in reserve below the context length
+# (max_req_len = context - 1, max_req_input_len = max_req_len - 5), which is why a
+# real 4096-token server reports max_req_input_len 4090.
+MAX_REQ_INPUT_RESERVE = 6
+VERSION = "0.5.17"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    tokenizer_path: str  # a directory holding tokenizer.json
+    context_length: int = 4096
+    model_path: str = "sim/qwen2-tiny"
+    served_model_name: str | None = None  # default: model_path, like SGLang
+    ttft_s: float = 0.0  # simulated time to first token
+    tpot_s: float = 0.0  # simulated time per output token
+    incremental_streaming_output: bool = False  # SGLang's --incremental-streaming-output
+    weight_version: str = "default"
+    model_vocab_size: int = 151936  # embedding rows; an input id >= this crashes a real server
+    eos_token_ids: tuple[int, ...] = (151645, 151643)
+    max_running_requests: int | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+    @property
+    def max_req_len(self) -> int:
+        return self.context_length - 1
+
+    @property
+    def max_req_input_len(self) -> int:
+        return self.context_length - MAX_REQ_INPUT_RESERVE

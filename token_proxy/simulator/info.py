@@ -1,0 +1,117 @@
+"""Read-only views of the simulated server: /model_info, /server_info, /v1/models, /get_load, /metrics."""
+
+from __future__ import annotations
+
+import time
+
+from token_proxy.simulator.config import VERSION
+from token_proxy.simulator.state import SimState
+
+# The real value depends on GPU memory; the golden H200 server reported this.
+MAX_TOTAL_NUM_TOKENS = 174777523
+
+
+def model_info(sim: SimState) -> dict:
+    config = sim.config
+    return {
+        "model_path": config.model_path,
+        "tokenizer_path": config.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": sim.weight_version,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "embedding": {"family": "none", "task": "none", "enabled": False},
+    }
+
+
+def server_info(sim: SimState, host: str, port: int) -> dict:
+    """The server-args keys a client reads (the real reply has ~460), then the runtime extras."""
+    args = _server_args(sim, host, port)
+    return {
+        **args,
+        "status": "ready",
+        "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+        "max_req_input_len": sim.config.max_req_input_len,
+        "startup_time": {"load_weight": 0.0, "kv_cache_allocation": 0.0},
+        "internal_states": [
+            {
+                **args,
+                "last_gen_throughput": 0.0,
+                "effective_max_running_requests_per_dp": sim.config.max_running_requests or 4096,
+            }
+        ],
+        "version": VERSION,
+    }
+
+
+def _server_args(sim: SimState, host: str, port: int) -> dict:
+    config = sim.config
+    return {
+        "model_path": config.model_path,
+        "tokenizer_path": config.tokenizer_path,
+        "skip_tokenizer_init": False,
+        "context_length": config.context_length,
+        "is_embedding": False,
+        "max_running_requests": config.max_running_requests,
+        "host": host,
+        "port": port,
+        "served_model_name": config.model_name,
+        "weight_version": sim.weight_version,
+        "stream_interval": 1,
+        "incremental_streaming_output": config.incremental_streaming_output,
+        "enable_metrics": True,
+        "allow_auto_truncate": False,
+    }
+
+
+def models_list(sim: SimState) -> dict:
+    name = sim.config.model_name
+    card = {
+        "id": name,
+        "object": "model",
+        "created": int(sim.started_at),
+        "owned_by": "sglang",
+        "root": name,
+        "parent": None,
+        "max_model_len": sim.config.context_length,
+    }
+    return {"object": "list", "data": [card]}
+
+
+def load(sim: SimState) -> list[dict]:
+    """/get_load: num_reqs counts running and waiting requests, like SGLang."""
+    waiting = sum(1 for s in sim.running.values() if not s.started)
+    tokens = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values())
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": len(sim.running),
+            "num_waiting_reqs": waiting,
+            "num_tokens": tokens,
+            "num_pending_tokens": 0,
+            "ts_tic": time.perf_counter(),
+        }
+    ]
+
+
+def metrics_text(sim: SimState) -> str:
+    """A few of SGLang's Prometheus series, enough for load-aware clients."""
+    labels = f'model_name="{sim.config.model_name}"'
+    waiting = sum(1 for s in sim.running.values() if not s.started)
+    counters = sim.counters
+    series = [
+        ("sglang:num_running_reqs", "gauge", len(sim.running) - waiting),
+        ("sglang:num_queue_reqs", "gauge", waiting),
+        ("sglang:token_usage", "gauge", 0.0),
+        ("sglang:prompt_tokens_total", "counter", counters.prompt_tokens),
+        ("sglang:generation_tokens_total", "counter", counters.generation_tokens),
+        ("sglang:num_requests_total", "counter", counters.requests),
+        ("sglang:num_aborted_requests_total", "counter", counters.aborted),
+    ]
+    lines = []
+    for name, kind, value in series:
+        lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
+    return "\n".join(lines) + "\n"
