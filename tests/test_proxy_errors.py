@@ -81,6 +81,19 @@ async def test_prompt_longer_than_context_gets_vllms_message(proxy, sim):
     assert sim.app[SIM_STATE].received[-1]["sampling_params"]["max_new_tokens"] == 4096 - 15
 
 
+async def test_prompt_past_sglangs_input_limit_is_refused_in_vllms_words(proxy, sim, hf_tokenizer):
+    """SGLang refuses prompts of max_req_input_len (context - 6) tokens or more; so does the proxy."""
+    assert len(hf_tokenizer.encode(" hello" * 10)) == 10
+    empty = len(hf_tokenizer.encode(hf_tokenizer.apply_chat_template(
+        [{"role": "user", "content": ""}], add_generation_prompt=True, tokenize=False)))
+    msgs = [{"role": "user", "content": " hello" * (4092 - empty)}]  # a 4092-token prompt
+    for stream in (False, True):
+        status, body = await post(proxy, {"messages": msgs, "stream": stream})
+        assert_error(status, body, 400, "input_tokens", "This model's maximum context length is 4096 tokens. "
+                     "However, your prompt contains 4092 input tokens, which exceeds the engine's limit of 4089")
+    assert sim.app[SIM_STATE].received == []
+
+
 async def test_unknown_model_is_404(proxy):
     status, body = await post(proxy, {"model": "gpt-9", "messages": USER})
     assert_error(status, body, 404, "model", "gpt-9")
@@ -198,6 +211,17 @@ async def test_sglang_error_before_first_token_is_an_http_error(aiohttp_server, 
     proxy = await make_proxy(backend, served_model_name="fake")
     status, body = await post(proxy, {"messages": USER, "stream": True})
     assert_error(status, body, 400, contains="longer than the model's context length")
+
+
+async def test_sglang_scheduler_refusal_in_stream_is_an_http_error(aiohttp_server, make_proxy):
+    """SGLang's scheduler refuses some inputs with an abort event carrying status_code 400."""
+    refusal = {"text": "", "output_ids": [], "meta_info": {"finish_reason": {
+        "type": "abort", "message": "Input length (4092 tokens) exceeds the maximum allowed length (4090 tokens).",
+        "status_code": 400, "err_type": "BadRequestError"}, "completion_tokens": 0}}
+    backend = await _fake_backend(aiohttp_server, [b"data: " + orjson.dumps(refusal) + b"\n\n", b"data: [DONE]\n\n"])
+    proxy = await make_proxy(backend, served_model_name="fake")
+    status, body = await post(proxy, {"messages": USER, "stream": True})
+    assert_error(status, body, 400, contains="exceeds the maximum allowed length (4090 tokens)")
 
 
 async def test_stream_cut_short_by_sglang_ends_with_error_chunk(aiohttp_server, make_proxy):

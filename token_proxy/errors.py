@@ -48,12 +48,15 @@ class BackendTimeout(ProxyError):
     type = "GatewayTimeoutError"
 
 
-def prompt_too_long(max_model_len: int, prompt_len: int) -> InvalidRequest:
+def prompt_too_long(max_model_len: int, prompt_len: int, max_prompt_len: int | None = None) -> InvalidRequest:
     """vLLM's wording (verifiers matches on "maximum context length")."""
+    if max_prompt_len is None or prompt_len > max_model_len:
+        limit = "this limit even without any output tokens"
+    else:  # SGLang keeps a few tokens of the context back from the prompt (max_req_input_len)
+        limit = f"the engine's limit of {max_prompt_len} input tokens"
     return InvalidRequest(
         f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
-        f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. "
-        "Please reduce the length of the input prompt.",
+        f"{prompt_len} input tokens, which exceeds {limit}. Please reduce the length of the input prompt.",
         param="input_tokens",
     )
 

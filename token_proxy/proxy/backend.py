@@ -22,6 +22,8 @@ class BackendInfo:
     # SGLang's --incremental-streaming-output: stream events carry deltas, not everything so far.
     incremental_stream: bool
     weight_version: str | None = None
+    # SGLang refuses prompts of max_req_input_len tokens or more (context - 6 by default).
+    max_prompt_len: int | None = None
 
 
 async def wait_until_healthy(client: SGLangClient, deadline_s: float) -> None:
@@ -51,11 +53,17 @@ async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
         incremental_stream=bool(server_info.get("incremental_streaming_output")
                                 or server_info.get("stream_output")),
         weight_version=model_info.get("weight_version"),
+        max_prompt_len=_max_prompt_len(server_info),
     )
     if not info.incremental_stream:
         log.warning("SGLang streams cumulatively (every event repeats the whole output): the proxy "
                     "does O(n^2) work per stream. Start SGLang with --incremental-streaming-output.")
     return info
+
+
+def _max_prompt_len(server_info: dict) -> int | None:
+    limit = server_info.get("max_req_input_len")
+    return limit - 1 if isinstance(limit, int) and limit > 1 else None
 
 
 async def _context_length(client: SGLangClient, server_info: dict) -> int:

@@ -27,7 +27,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def serve_chat(request: web.Request, ctx: ProxyContext, req: ChatRequest) -> web.StreamResponse:
     model = checked_model(ctx, req.model)
     prompt_ids = await chat_prompt_ids(ctx, req)
-    max_new_tokens = resolve_max_tokens(req.sampling, len(prompt_ids), ctx.max_model_len)
+    max_new_tokens = resolve_max_tokens(req.sampling, len(prompt_ids), ctx.max_model_len,
+                                        ctx.backend.max_prompt_len)
     meta = ResponseMeta(
         response_id=new_request_id("chatcmpl", req.request_id or request.headers.get("X-Request-Id")),
         created=now(), model=model, prompt_ids=prompt_ids, eos_token_id=ctx.tokenizer_info.eos_token_id,

@@ -53,10 +53,11 @@ class SGLangClient:
                             yield events
                         return
                     event = _loads(data)
-                    if isinstance(event, dict) and "error" in event:
+                    error = _stream_error(event)
+                    if error is not None:
                         if events:
                             yield events
-                        raise _error_from_body(event)
+                        raise error
                     events.append(event)
                 if events:
                     yield events
@@ -169,6 +170,20 @@ def _error_from_status(status: int, body: bytes) -> ProxyError:
     if status == 504:
         return BackendTimeout(f"SGLang timed out: {message}")
     return BackendError(f"SGLang failed with HTTP {status}: {message}")
+
+
+def _stream_error(event) -> ProxyError | None:
+    """An error event, or SGLang's scheduler refusing the request (an abort carrying an HTTP status
+    before any token, e.g. an input past max_req_input_len)."""
+    if not isinstance(event, dict):
+        return BackendError(f"SGLang sent an unexpected stream event: {str(event)[:200]}")
+    if "error" in event:
+        return _error_from_body(event)
+    finish = (event.get("meta_info") or {}).get("finish_reason") or {}
+    status = finish.get("status_code") if isinstance(finish, dict) else None
+    if finish.get("type") == "abort" and isinstance(status, int) and status >= 400 and not event.get("output_ids"):
+        return _error_from_status(status, orjson.dumps({"message": finish.get("message")}))
+    return None
 
 
 def _error_from_body(event: dict) -> ProxyError:

@@ -23,14 +23,16 @@ _OPTIONAL_SAMPLING = (
 )
 
 
-def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len: int) -> int:
+def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len: int,
+                       max_prompt_len: int | None = None) -> int:
     """vLLM's rule: absent means the rest of the context, and prompt + max_tokens past the
     context is clamped (finish_reason "length"); only a prompt or a max_tokens that alone
-    exceeds the context is the client's error."""
+    exceeds the context is the client's error. SGLang refuses prompts past its own
+    max_req_input_len (a few tokens under the context): those are refused here, in vLLM's words."""
     if sampling.max_tokens is not None and sampling.max_tokens > max_model_len:
         raise max_tokens_too_large(sampling.max_tokens_param, sampling.max_tokens, max_model_len)
-    if prompt_len > max_model_len:
-        raise prompt_too_long(max_model_len, prompt_len)
+    if prompt_len > (max_prompt_len or max_model_len):
+        raise prompt_too_long(max_model_len, prompt_len, max_prompt_len)
     room = max_model_len - prompt_len
     if room < 1:
         raise InvalidRequest(f"max_tokens must be at least 1, got {room}: the prompt ({prompt_len} tokens) "
