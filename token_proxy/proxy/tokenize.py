@@ -18,7 +18,7 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await read_json(request)
     checked_model(ctx, opt_str(body, "model"))
     if "messages" in body:
-        ids = await ctx.renderer.render_chat(parse_chat_prompt(body))
+        ids = (await ctx.renderer.render_chat(parse_chat_prompt(body))).ids
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

@@ -8,6 +8,7 @@ import logging
 
 from token_proxy.errors import BackendTimeout
 from token_proxy.proxy.context import ProxyContext
+from token_proxy.proxy.request_stats import RequestStats
 
 log = logging.getLogger(__name__)
 
@@ -16,12 +17,14 @@ _ABORT_ON = (asyncio.CancelledError, ConnectionResetError, BackendTimeout)
 
 
 @contextlib.asynccontextmanager
-async def aborting_on_exit(ctx: ProxyContext, rids: list[str]):
+async def aborting_on_exit(ctx: ProxyContext, rids: list[str], stats: RequestStats | None = None):
     """Abort the SGLang requests `rids` if the block ends because the client left or time ran out."""
     try:
         yield
     except _ABORT_ON as exc:
         log.info("aborting SGLang request %s (%s)", rids, type(exc).__name__)
+        if stats is not None and not isinstance(exc, BackendTimeout):
+            stats.client_disconnected = True
         abort_all_of(ctx, rids)
         raise
 

@@ -40,9 +40,18 @@ class ChatStreamTranslator:
         self._eos = None if req.sampling.ignore_eos else meta.eos_token_id
         self._cached_tokens = 0
         self._stop_ids = req.sampling.proxy_stop_ids
+        self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         # vLLM honours continuous_usage_stats only together with include_usage.
         self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._total_completion()
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._cached_tokens
 
     @property
     def done(self) -> bool:
@@ -67,6 +76,7 @@ class ChatStreamTranslator:
         state = self._choices[index]
         meta = event.get("meta_info") or {}
         self._cached_tokens = meta.get("cached_tokens") or self._cached_tokens
+        self.weight_version = meta.get("weight_version", self.weight_version)
         new_ids = self._new_items(event.get("output_ids") or [], state.ids_seen)
         new_logprobs = self._new_items(meta.get("output_token_logprobs") or [], state.logprobs_seen)
         new_top = self._new_items(meta.get("output_top_logprobs") or [], state.logprobs_seen)

@@ -11,11 +11,19 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from concurrent.futures import Executor
+import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import orjson
 
 from token_proxy.errors import InvalidRequest
+
+
+class Rendered(NamedTuple):
+    ids: list[int]
+    cache_hit: bool
+    seconds: float  # time spent rendering and tokenizing for this request (0 on a hit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,24 +57,27 @@ class PromptRenderer:
         self.hits = 0
         self.misses = 0
 
-    async def render_chat(self, prompt: ChatPrompt) -> list[int]:
+    async def render_chat(self, prompt: ChatPrompt) -> Rendered:
         """Prompt ids for a chat (a fresh list: callers may keep or change it)."""
+        start = time.perf_counter()
         if self._cache_size <= 0:
-            return list(await self._run(render_chat_ids, self.tokenizer, prompt))
+            ids = await self._run(render_chat_ids, self.tokenizer, prompt)
+            return Rendered(list(ids), False, time.perf_counter() - start)
         key = prompt.cache_key()
         future = self._cache.get(key)
         if future is not None:
             self.hits += 1
             self._cache.move_to_end(key)
-            return list(await asyncio.shield(future))
+            return Rendered(list(await asyncio.shield(future)), True, 0.0)
         self.misses += 1
         future = asyncio.ensure_future(self._run(render_chat_ids, self.tokenizer, prompt))
         self._remember(key, future)
         try:
-            return list(await asyncio.shield(future))
+            ids = await asyncio.shield(future)
         except Exception:
             self._cache.pop(key, None)
             raise
+        return Rendered(list(ids), False, time.perf_counter() - start)
 
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await self._run(encode_text, self.tokenizer, text, add_special_tokens)
