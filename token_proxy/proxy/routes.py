@@ -6,6 +6,7 @@ from aiohttp import web
 
 from token_proxy.proxy.chat import chat_completions
 from token_proxy.proxy.context import CONTEXT
+from token_proxy.proxy.generate_tokens import generate_tokens
 from token_proxy.proxy.http_io import json_response
 from token_proxy.proxy.tokenize import detokenize, tokenize
 
@@ -31,6 +32,7 @@ async def health(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/inference/v1/generate", generate_tokens)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     for prefix in ("", "/v1"):

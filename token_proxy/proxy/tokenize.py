@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from token_proxy.proxy.chat import checked_model
+from token_proxy.proxy.serving import checked_model
 from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.schemas.chat_request import parse_chat_prompt

@@ -49,10 +49,14 @@ class SamplingRequest:
         return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
 
 
-def parse_sampling(body: dict, vocab_size: int, *, top_logprobs_key: str = "top_logprobs") -> SamplingRequest:
-    """Read the sampling fields of a chat/completions/generate body; refuse what SGLang cannot honour."""
+def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False) -> SamplingRequest:
+    """Read the sampling fields of a chat/completions/generate body; refuse what SGLang cannot honour.
+
+    Chat has `logprobs: bool` + `top_logprobs: int`; completions and vLLM's SamplingParams
+    have `logprobs: int` (the number of top alternatives), which `logprobs_count` selects.
+    """
     _refuse_unsupported(body)
-    logprobs, top_logprobs = _parse_logprobs(body, top_logprobs_key)
+    logprobs, top_logprobs = _parse_logprob_count(body) if logprobs_count else _parse_chat_logprobs(body)
     return SamplingRequest(
         n=opt_int(body, "n", 1, lo=1, hi=1024),
         max_tokens=opt_int(body, _max_tokens_key(body), lo=1),
@@ -147,17 +151,17 @@ def _parse_logit_bias(body: dict, vocab_size: int) -> dict | None:
     return out
 
 
-def _parse_logprobs(body: dict, top_key: str) -> tuple[bool, int]:
-    raw = body.get("logprobs")
-    if isinstance(raw, int) and not isinstance(raw, bool) and top_key != "top_logprobs":
-        # /v1/completions and /inference/v1/generate: logprobs is the count itself.
-        count = opt_int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
-        return True, count
+def _parse_chat_logprobs(body: dict) -> tuple[bool, int]:
     logprobs = opt_bool(body, "logprobs", False)
-    top = opt_int(body, top_key, lo=0, hi=MAX_TOP_LOGPROBS)
+    top = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
     if top is not None and top > 0 and not logprobs:
-        raise bad(top_key, "when using `top_logprobs`, `logprobs` must be set to true")
+        raise bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true")
     return logprobs, top or 0
+
+
+def _parse_logprob_count(body: dict) -> tuple[bool, int]:
+    count = opt_int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    return count is not None, count or 0
 
 
 def _parse_constraint(body: dict) -> tuple[str, str] | None:
