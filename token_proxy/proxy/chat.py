@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from aiohttp import web
 
 from token_proxy.proxy.context import CONTEXT, ProxyContext, new_request_id, now
@@ -10,6 +12,7 @@ from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.serving import checked_model, generate_once, stream_translated
 from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
 from token_proxy.schemas.chat_response import ResponseMeta, chat_response
+from token_proxy.schemas.fields import token_id_list
 from token_proxy.schemas.chat_stream import ChatStreamTranslator
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.sglang_payload import generate_payload, resolve_max_tokens
@@ -19,6 +22,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     req = parse_chat_request(await read_json(request), ctx.tokenizer_info.vocab_size)
     return await serve_chat(request, ctx, req)
+
+
+async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
+    """Older prime-rl/verifiers: a chat request whose prompt is `tokens`, not the rendered messages
+    (the messages only give context, such as tools)."""
+    ctx = request.app[CONTEXT]
+    body = await read_json(request)
+    tokens = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size)
+    return await serve_chat(request, ctx, dataclasses.replace(req, prompt_ids=tuple(tokens)))
 
 
 async def serve_chat(request: web.Request, ctx: ProxyContext, req: ChatRequest) -> web.StreamResponse:

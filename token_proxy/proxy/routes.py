@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from token_proxy.proxy.chat import chat_completions
+from token_proxy.proxy.chat import chat_completions, chat_completions_tokens
+from token_proxy.proxy.completions import completions
 from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.generate_tokens import generate_tokens
 from token_proxy.proxy.http_io import json_response
+from token_proxy.proxy.metrics import metrics_endpoint
 from token_proxy.proxy.tokenize import detokenize, tokenize
 
 
@@ -32,9 +34,12 @@ async def health(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/chat/completions/tokens", chat_completions_tokens)
+    app.router.add_post("/v1/completions", completions)
     app.router.add_post("/inference/v1/generate", generate_tokens)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics_endpoint)
     for prefix in ("", "/v1"):
         app.router.add_post(f"{prefix}/tokenize", tokenize)
         app.router.add_post(f"{prefix}/detokenize", detokenize)

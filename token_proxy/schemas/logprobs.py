@@ -92,16 +92,22 @@ def prompt_logprobs(input_logprobs: list, input_top: list | None, top_n: int, na
 
 def completion_logprobs(token_logprobs: list, top_logprobs: list | None, top_n: int, namer: TokenNamer,
                         text_offset_start: int = 0) -> dict:
-    """The completions shape: parallel lists plus per-token {token: logprob} maps."""
+    """The completions shape: parallel lists, and per token a {token: logprob} map of the sampled
+    token first and the top-k after it (k + 1 entries, as OpenAI defines it). A position with no
+    logprob (the first prompt token, when echoed) has null in both."""
     rows = top_logprobs or []
     tokens, token_lps, tops, offsets = [], [], [], []
     offset = text_offset_start
     for i, (lp, token_id, *_) in enumerate(token_logprobs):
         token = namer.name(token_id)
         tokens.append(token)
-        token_lps.append(None if lp is None else clamp(lp))
-        row = rows[i] if i < len(rows) else None
-        tops.append({namer.name(t): clamp(l) for t, l in top_row(token_id, lp, row, top_n)} if top_n else None)
         offsets.append(offset)
         offset += len(token)
+        if lp is None:
+            token_lps.append(None)
+            tops.append(None)
+            continue
+        token_lps.append(clamp(lp))
+        row = rows[i] if i < len(rows) else None
+        tops.append({namer.name(t): clamp(l) for t, l in top_row(token_id, lp, row, top_n + 1)})
     return {"text_offset": offsets, "token_logprobs": token_lps, "tokens": tokens, "top_logprobs": tops}

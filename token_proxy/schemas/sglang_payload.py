@@ -81,6 +81,39 @@ def generate_payload(
     payload = {"input_ids": prompt_ids, "sampling_params": params, "rid": rid, "stream": stream}
     if sampling.n > 1 and sampling.seed is not None:
         payload.update(_seeded_batch(prompt_ids, params, rid, sampling.n, sampling.seed))
+    return _with_request_fields(payload, sampling, cache_salt, priority)
+
+
+def batch_payload(
+    prompts: list[list[int]],
+    sampling: SamplingRequest,
+    max_new_tokens: list[int],
+    *,
+    rid: str,
+    stream: bool,
+    cache_salt: str | None = None,
+    priority: int | None = None,
+) -> dict:
+    """Several prompts in one SGLang batch. Choice i*n + j is sample j of prompt i, in SGLang's
+    order and in vLLM's (`output.index + prompt_idx * n`)."""
+    if len(prompts) == 1:
+        return generate_payload(prompts[0], sampling, max_new_tokens[0], rid=rid, stream=stream,
+                                cache_salt=cache_salt, priority=priority)
+    seeded = sampling.n > 1 and sampling.seed is not None
+    input_ids, params, rids = [], [], []
+    for p, (ids, max_new) in enumerate(zip(prompts, max_new_tokens)):
+        one = sampling_params(sampling, max_new)
+        items = _seeded_batch(ids, one, f"{rid}-{p}", sampling.n, sampling.seed) if seeded else {
+            "input_ids": [ids], "sampling_params": [one], "rid": [f"{rid}-{p}"]}
+        input_ids += items["input_ids"]
+        params += items["sampling_params"]
+        rids += items["rid"]
+    payload = {"input_ids": input_ids, "sampling_params": params, "rid": rids, "stream": stream}
+    return _with_request_fields(payload, sampling, cache_salt, priority)
+
+
+def _with_request_fields(payload: dict, sampling: SamplingRequest, cache_salt: str | None,
+                         priority: int | None) -> dict:
     if sampling.logprobs or sampling.prompt_logprobs is not None:
         payload.update(_logprob_fields(sampling))
     if cache_salt is not None:

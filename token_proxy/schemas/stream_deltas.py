@@ -25,6 +25,7 @@ class Delta:
     top_logprobs: list  # SGLang top rows for token_ids
     finish: dict | None  # SGLang's finish_reason, on a choice's last delta
     first: bool  # the choice's first delta
+    meta: dict  # the event's meta_info (e.g. prompt logprobs)
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class DeltaTracker:
             return None
         first, state.started = not state.started, True
         state.finished = finish is not None
-        return Delta(index, text, ids, logprobs, top, finish, first)
+        return Delta(index, text, ids, logprobs, top, finish, first, meta)
 
     def _new_items(self, items: list, seen: int) -> list:
         return items if self._incremental else items[seen:]
