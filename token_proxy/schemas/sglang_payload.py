@@ -117,7 +117,9 @@ def _with_request_fields(payload: dict, sampling: SamplingRequest, cache_salt: s
     if sampling.logprobs or sampling.prompt_logprobs is not None:
         payload.update(_logprob_fields(sampling))
     if cache_salt is not None:
-        payload["cache_salt"] = cache_salt
+        # SGLang's native /generate calls it extra_key (its OpenAI layer maps cache_salt onto it);
+        # an unknown "cache_salt" key would be dropped silently and the salt lost.
+        payload["extra_key"] = cache_salt
     if priority is not None:
         payload["priority"] = priority
     return payload
