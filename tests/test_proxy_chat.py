@@ -290,3 +290,50 @@ async def test_openai_client_happy_paths(proxy):
             ids += chunk.choices[0].model_extra.get("token_ids") or []
     assert ids == r.choices[0].model_extra["token_ids"]
     await client.close()
+
+
+async def test_stream_never_splits_a_multibyte_character(proxy, hf_tokenizer):
+    """Byte-level tokens split CJK characters; their ids go out at once, their text only when complete."""
+    for seed in range(30):
+        body = {"messages": USER, "max_tokens": 32, "temperature": 1.0, "seed": seed, "ignore_eos": True,
+                "return_token_ids": True}
+        chunks = await sse(proxy, body)
+        content = [c["choices"][0] for c in chunks[1:] if c["choices"]]
+        held = [c for c in content if c["token_ids"] and c["delta"].get("content") == ""]
+        partial = [t for c in content for t in c["token_ids"] if "\ufffd" in hf_tokenizer.decode([t])]
+        if held and partial:
+            break
+    else:
+        raise AssertionError("no sampled stream had a token that splits a character")
+    ids = [t for c in content for t in c["token_ids"]]
+    text = "".join(c["delta"].get("content", "") for c in content)
+    assert all("\ufffd" not in c["delta"].get("content", "") for c in content)
+    assert text == hf_tokenizer.decode(ids)
+    _, plain = await post(proxy, body)
+    assert plain["choices"][0]["token_ids"] == ids and plain["choices"][0]["message"]["content"] == text
+
+
+async def test_prompt_logprobs(proxy):
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 1, "prompt_logprobs": 2})
+    assert status == 200
+    plps = body["prompt_logprobs"]
+    assert len(plps) == len(GOLDEN_PROMPT_IDS) and plps[0] is None
+    for token_id, entry in zip(GOLDEN_PROMPT_IDS[1:], plps[1:]):
+        assert str(token_id) in entry
+        assert set(entry[str(token_id)]) == {"logprob", "rank", "decoded_token"}
+        assert 1 <= len(entry) <= 3
+    status, body = await post(proxy, {"messages": USER, "prompt_logprobs": 2, "stream": True})
+    assert status == 400 and body["error"]["param"] == "prompt_logprobs"
+
+
+async def test_openai_client_completions(proxy):
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="unused", max_retries=0)
+    r = await client.completions.create(model="sim/qwen2-tiny", prompt=GOLDEN_PROMPT_IDS, max_tokens=4,
+                                        temperature=0, logprobs=1,
+                                        extra_body={"return_token_ids": True, "ignore_eos": True})
+    choice = r.choices[0]
+    assert choice.model_extra["prompt_token_ids"] == GOLDEN_PROMPT_IDS
+    assert len(choice.model_extra["token_ids"]) == 4 and choice.finish_reason == "length"
+    assert len(choice.logprobs.tokens) == 4
+    await client.close()
