@@ -15,9 +15,9 @@ import asyncio
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -57,18 +57,21 @@ def free_port() -> int:
 
 
 def start(cmd: list[str], url: str) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """Start a server and wait for its /health. Its output goes to a file: a pipe nobody reads
+    would fill up and stall the server."""
+    log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     end = time.monotonic() + 180
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise SystemExit(f"{cmd} exited: {proc.stderr.read().decode()[-2000:]}")
+            raise SystemExit(f"{cmd} exited: {open(log.name).read()[-2000:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
                     return proc
         except OSError:
             time.sleep(0.2)
-    raise SystemExit(f"{cmd} did not start")
+    raise SystemExit(f"{cmd} did not start (log: {log.name})")
 
 
 def chat_prompt() -> list[dict]:
