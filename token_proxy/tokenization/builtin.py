@@ -75,7 +75,7 @@ CHAT_TEMPLATE = r"""{%- if tools %}
 
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(base) / "sglang-token-proxy" / "qwen2-builtin-tokenizer-v1"
+    return Path(base) / "sglang-token-proxy" / "qwen2-builtin-tokenizer-v2"
 
 
 def ensure_builtin_tokenizer(directory: Path | None = None) -> Path:
@@ -127,9 +127,6 @@ def _write_tokenizer(out: Path) -> None:
     _write_json(out / "tokenizer_config.json", _tokenizer_config())
     _write_json(out / "generation_config.json", {
         "bos_token_id": 151643, "eos_token_id": [EOS_TOKEN_ID, 151643], "pad_token_id": 151643})
-    _write_json(out / "config.json", {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": MODEL_VOCAB_SIZE,
-        "max_position_embeddings": 4096, "eos_token_id": EOS_TOKEN_ID, "bos_token_id": 151643})
 
 
 def _tokenizer_config() -> dict:
