@@ -4,7 +4,11 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: install run test bench lint clean
+.PHONY: install run test bench lint clean up down
+
+# The container stack (deploy/): SGLang on a GPU + proxy + Prometheus + Grafana; SIM=1: no GPU, the
+# proxy runs its built-in simulator. Needs Docker with the compose plugin (>= 2.24.4).
+COMPOSE := docker compose -f deploy/docker-compose.yml $(if $(filter 1,$(SIM)),-f deploy/docker-compose.sim.yml)
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +33,9 @@ lint: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+up:  ## proxy :8000, Prometheus :9090, Grafana :3000 (SIM=1: no GPU needed)
+	$(COMPOSE) up -d --build
+
+down:
+	$(COMPOSE) down --remove-orphans

@@ -278,7 +278,8 @@ async def test_info_endpoints(aiohttp_client, tokenizer_dir):
         "sim/qwen2-tiny",
     )
     metrics = await (await client.get("/metrics")).text()
-    assert 'sglang:num_running_reqs{model_name="tiny"} 0.0' in metrics
+    labels = 'engine_type="unified",model_name="tiny",moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+    assert f"sglang:num_running_reqs{{{labels}}} 0.0" in metrics
 
 
 async def test_unknown_routes_answer_like_fastapi(sim):

@@ -17,9 +17,26 @@ import sys
 import time
 import urllib.request
 
+from token_proxy.proxy.access_log import configure_logging
 from token_proxy.settings import Settings
 
 log = logging.getLogger("token_proxy")
+
+
+def url_list(value: str) -> tuple[str, ...]:
+    """A repeatable flag's value (or its environment variable: comma-separated)."""
+    return tuple(url.strip().rstrip("/") for url in value.split(",") if url.strip())
+
+
+def flag_bool(value: str | bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
 
 # flag -> (Settings field, type, help)
 _FLAGS = (
@@ -37,6 +54,19 @@ _FLAGS = (
     ("--sim-ttft-ms", "sim_ttft_ms", float, "simulator only: time to first token"),
     ("--sim-tpot-ms", "sim_tpot_ms", float, "simulator only: time per output token"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
+    ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
+    ("--backend-metrics-interval", "backend_metrics_interval_s", float,
+     "seconds between reads of SGLang's /metrics for the vllm: view (0: off)"),
+    ("--backend-metrics-stale-after", "backend_metrics_stale_s", float,
+     "seconds without a good read of SGLang's /metrics before the vllm: view is withdrawn"),
+    ("--worker", "workers", url_list,
+     "repeatable: an SGLang server admin calls fan out to (default: the backend, or the router's workers)"),
+    ("--pause-mode", "pause_mode", str, "SGLang pause mode behind /pause: retract, in_place or abort"),
+    ("--admin-timeout", "admin_timeout_s", float, "seconds one admin call (pause, resume, ...) may take"),
+    ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
+    ("--init-group-timeout", "init_group_timeout_s", float, "seconds joining a weight-update group may take"),
+    ("--check-local-paths", "check_local_paths", flag_bool,
+     "refuse weight/adapter paths that look local but do not exist here (true/false)"),
 )
 
 
@@ -48,12 +78,17 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
     for flag, field, kind, help_text in _FLAGS:
         env = "TOKEN_PROXY_" + flag[2:].upper().replace("-", "_")
         default = environ.get(env, getattr(defaults, field))
-        parser.add_argument(flag, dest=field, type=kind, default=default,
+        repeat = {"action": "append", "default": None} if kind is url_list else {"default": default}
+        parser.add_argument(flag, dest=field, type=kind, **repeat,
                             help=f"{help_text} [env {env}; default {getattr(defaults, field)}]")
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
-    for _, field, kind, _ in _FLAGS:  # environment values arrive as strings
-        if isinstance(values[field], str) and kind is not str:
+    for flag, field, kind, _ in _FLAGS:  # environment values arrive as strings
+        if kind is url_list:  # repeatable: the flags given, else the environment's comma list
+            given = values[field]
+            env_value = environ.get("TOKEN_PROXY_" + flag[2:].upper().replace("-", "_"), "")
+            values[field] = tuple(u for urls in given for u in urls) if given else url_list(env_value)
+        elif isinstance(values[field], str) and kind is not str:
             values[field] = kind(values[field])
     try:
         return Settings(**values)
@@ -63,7 +98,7 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     with contextlib.ExitStack() as stack:
         if not settings.backend_url:
             url = stack.enter_context(simulator_process(settings))

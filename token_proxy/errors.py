@@ -16,6 +16,9 @@ class ProxyError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.status}}
 
+    def headers(self) -> dict | None:
+        return None
+
 
 class InvalidRequest(ProxyError):
     """The client's mistake (vLLM answers these with 400 BadRequestError)."""

@@ -30,6 +30,27 @@ class Settings:
     sim_ttft_ms: float = 0.0
     sim_tpot_ms: float = 0.0
     log_level: str = "info"
+    # "text" or "json" for the proxy's own log lines; the per-request access line is always JSON.
+    log_format: str = "text"
+    # How often SGLang's /metrics is read for the vllm: view (0: never), and after how long
+    # without a successful read that view is withdrawn rather than left frozen.
+    backend_metrics_interval_s: float = 2.0
+    backend_metrics_stale_s: float = 10.0
+    # Admin plane. SGLang servers that admin calls fan out to; empty: the backend itself, or each
+    # worker an sglang-router lists at /workers.
+    workers: tuple[str, ...] = ()
+    # SGLang pause mode behind prime-rl's /pause: "retract" keeps in-flight requests (re-queued and
+    # finished after /resume) and frees their KV so the cache can be flushed; "in_place" keeps the
+    # KV, so a flush fails while they wait; "abort" ends them.
+    pause_mode: str = "retract"
+    # Bounds on admin calls (seconds): control calls, weight loads (minutes on big models), and
+    # joining a weight-update group (prime-rl's own `timeout` overrides it per call).
+    admin_timeout_s: float = 300.0
+    weight_update_timeout_s: float = 720.0
+    init_group_timeout_s: float = 300.0
+    # Refuse weight / adapter paths that look local but do not exist here: SGLang would try them
+    # as Hugging Face Hub ids. Turn off when the proxy does not share SGLang's filesystem.
+    check_local_paths: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -40,3 +61,11 @@ class Settings:
             raise ValueError("context_length must be >= 1")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+        if self.backend_metrics_interval_s < 0 or self.backend_metrics_stale_s <= 0:
+            raise ValueError("backend metrics interval must be >= 0 and staleness > 0")
+        if self.pause_mode not in ("retract", "in_place", "abort"):
+            raise ValueError(f"pause_mode must be retract, in_place or abort, got {self.pause_mode!r}")
+        if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
+            raise ValueError("admin timeouts must be positive")

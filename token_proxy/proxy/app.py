@@ -11,6 +11,7 @@ from aiohttp import web
 
 from token_proxy.proxy.backend import discover, wait_until_healthy
 from token_proxy.proxy.context import CONTEXT, SETTINGS, ProxyContext
+from token_proxy.proxy.metrics import add_observability, observe_requests
 from token_proxy.proxy.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
 from token_proxy.proxy.sglang_client import SGLangClient
@@ -27,9 +28,10 @@ MAX_BODY_BYTES = 64 * 1024 * 1024  # long multi-turn prompts as token ids can be
 def create_app(settings: Settings) -> web.Application:
     if not settings.backend_url:
         raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[observe_requests, openai_errors], client_max_size=MAX_BODY_BYTES)
     app[SETTINGS] = settings
     app.cleanup_ctx.append(_proxy_context)
+    add_observability(app)  # after _proxy_context: the backend scrape uses its client
     add_routes(app)
     return app
 

@@ -14,9 +14,10 @@ log = logging.getLogger(__name__)
 _HTTP_TYPES = {404: "NotFoundError", 405: "MethodNotAllowedError", 413: "RequestEntityTooLargeError"}
 
 
-def error_response(status: int, message: str, err_type: str, param: str | None = None) -> web.Response:
+def error_response(status: int, message: str, err_type: str, param: str | None = None,
+                   headers: dict | None = None) -> web.Response:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
 
 
 @web.middleware
@@ -26,7 +27,7 @@ async def openai_errors(request: web.Request, handler):
     except ProxyError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc.message)
-        return error_response(exc.status, exc.message, exc.type, exc.param)
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.headers())
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

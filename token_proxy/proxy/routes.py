@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from token_proxy.proxy.admin import add_admin_routes
 from token_proxy.proxy.chat import chat_completions, chat_completions_tokens
 from token_proxy.proxy.completions import completions
 from token_proxy.proxy.context import CONTEXT
@@ -43,3 +44,4 @@ def add_routes(app: web.Application) -> None:
     for prefix in ("", "/v1"):
         app.router.add_post(f"{prefix}/tokenize", tokenize)
         app.router.add_post(f"{prefix}/detokenize", detokenize)
+    add_admin_routes(app)  # last: it ends with the catch-all pass-through to SGLang

@@ -93,6 +93,45 @@ class SGLangClient:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
 
+    async def metrics_text(self, timeout_s: float) -> str:
+        """SGLang's Prometheus page (served only with --enable-metrics: a 404 without it)."""
+        try:
+            async with self._session.get(f"{self.base_url}/metrics",
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise _error_from_status(resp.status, body)
+                return body.decode("utf-8", "replace")
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout(f"SGLang did not answer GET /metrics within {timeout_s:g} s") from exc
+
+    def at(self, base_url: str) -> SGLangClient:
+        """The same session and timeouts, aimed at another server (one worker behind a router)."""
+        return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect)
+
+    async def call(self, method: str, path: str, body: bytes | None, timeout_s: float,
+                   headers: dict | None = None) -> tuple[int, bytes, str]:
+        """One bounded control-plane call: (status, raw body, content type). SGLang's own failures
+        come back as values (the caller names the worker); unreachable or too slow raise."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeout.sock_connect)
+        headers = _JSON_HEADERS if headers is None and body is not None else headers
+        try:
+            async with self._session.request(method, f"{self.base_url}{path}", data=body, headers=headers,
+                                             timeout=timeout) as resp:
+                return resp.status, await resp.read(), resp.content_type
+        except aiohttp.ClientError as exc:
+            raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout(f"SGLang at {self.base_url} did not answer {method} {path} "
+                                 f"within {timeout_s:g} s") from exc
+
+    def open(self, method: str, path_qs: str, body: bytes | None, headers: dict) -> _Call:
+        """A raw request whose response the caller streams on (the pass-through of unowned routes)."""
+        return _Call(self._session.request(method, f"{self.base_url}{path_qs}", data=body, headers=headers,
+                                           timeout=self._timeout, allow_redirects=False), self.base_url)
+
     def _post(self, path: str, payload: dict) -> _Call:
         return _Call(self._session.post(f"{self.base_url}{path}", data=orjson.dumps(payload),
                                         headers=_JSON_HEADERS, timeout=self._timeout), self.base_url)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from token_proxy.schemas.chat_request import ChatRequest
 from token_proxy.schemas.generation import Generation, cut_at_stop_ids, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
+from token_proxy.schemas.weight_versions import whole_output
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,7 @@ def chat_choice(req: ChatRequest, meta: ResponseMeta, gen: Generation, namer: To
         "stop_reason": stop_reason,
         "token_ids": gen.token_ids if req.output.return_token_ids else None,
         "routed_experts": None,
-        "weight_versions": None,
+        "weight_versions": whole_output(gen.weight_version, len(gen.token_ids)),
     }
 
 

@@ -23,6 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--incremental-streaming-output", action="store_true")
     parser.add_argument("--weight-version", default=SimConfig.weight_version)
     parser.add_argument("--max-running-requests", type=int, default=None)
+    parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
+                        help="seconds a weight-update group join or receive waits for its peers")
     return parser.parse_args(argv)
 
 
@@ -42,6 +44,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         incremental_streaming_output=args.incremental_streaming_output,
         weight_version=args.weight_version,
         max_running_requests=args.max_running_requests,
+        dist_timeout_s=args.dist_timeout,
     )
 
 

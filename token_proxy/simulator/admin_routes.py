@@ -7,6 +7,7 @@ from pathlib import Path
 from aiohttp import web
 
 from token_proxy.simulator import info
+from token_proxy.simulator import metrics as sim_metrics
 from token_proxy.simulator.errors import RequestValidationError, json_response
 from token_proxy.simulator.generate_route import decode_json_body
 from token_proxy.simulator.state import SIM_STATE, SimState
@@ -52,7 +53,8 @@ async def get_load(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=info.metrics_text(request.app[SIM_STATE]), content_type="text/plain")
+    body = sim_metrics.metrics_text(request.app[SIM_STATE]).encode()
+    return web.Response(body=body, headers={"Content-Type": sim_metrics.CONTENT_TYPE})
 
 
 async def weight_version_gone(request: web.Request) -> web.Response:

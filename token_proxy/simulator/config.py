@@ -24,6 +24,9 @@ class SimConfig:
     model_vocab_size: int = 151936  # embedding rows; an input id >= this crashes a real server
     eos_token_ids: tuple[int, ...] = (151645, 151643)
     max_running_requests: int | None = None
+    enable_lora: bool = True  # SGLang's --enable-lora (/load_lora_adapter refuses without it)
+    # How long a weight-update group join or receive may wait for its peers (SGLang: torch's 30 min).
+    dist_timeout_s: float = 60.0
 
     @property
     def model_name(self) -> str:

@@ -1,4 +1,4 @@
-"""Read-only views of the simulated server: /model_info, /server_info, /v1/models, /get_load, /metrics."""
+"""Read-only views of the simulated server: /model_info, /server_info, /v1/models, /get_load (/metrics: metrics.py)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,9 @@ def _server_args(sim: SimState, host: str, port: int) -> dict:
         "skip_tokenizer_init": False,
         "context_length": config.context_length,
         "is_embedding": False,
+        "tp_size": 1,
+        "pp_size": 1,
+        "dp_size": 1,
         "max_running_requests": config.max_running_requests,
         "host": host,
         "port": port,
@@ -96,22 +99,3 @@ def load(sim: SimState) -> list[dict]:
         }
     ]
 
-
-def metrics_text(sim: SimState) -> str:
-    """A few of SGLang's Prometheus series, enough for load-aware clients."""
-    labels = f'model_name="{sim.config.model_name}"'
-    waiting = sum(1 for s in sim.running.values() if not s.started)
-    counters = sim.counters
-    series = [
-        ("sglang:num_running_reqs", "gauge", len(sim.running) - waiting),
-        ("sglang:num_queue_reqs", "gauge", waiting),
-        ("sglang:token_usage", "gauge", 0.0),
-        ("sglang:prompt_tokens_total", "counter", counters.prompt_tokens),
-        ("sglang:generation_tokens_total", "counter", counters.generation_tokens),
-        ("sglang:num_requests_total", "counter", counters.requests),
-        ("sglang:num_aborted_requests_total", "counter", counters.aborted),
-    ]
-    lines = []
-    for name, kind, value in series:
-        lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
-    return "\n".join(lines) + "\n"

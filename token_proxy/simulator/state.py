@@ -43,6 +43,7 @@ class SimState:
     updating_weights: bool = False
     prefix_cache: PrefixCache = field(default_factory=PrefixCache)
     counters: Counters = field(default_factory=Counters)
+    metric_overrides: dict[str, float] = field(default_factory=dict)  # pinned by simulator/metrics.py
     rng: random.Random = field(default_factory=random.Random)
     started_at: float = field(default_factory=time.time)
     active: int = 0  # sequences past admission (prefilled) and not yet released

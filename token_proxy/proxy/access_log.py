@@ -1,0 +1,118 @@
+"""One JSON line per request, the X-Request-Id header that names it, and the process's log setup.
+
+Log records leave the event loop through a queue: a thread does the writing, so a slow
+stderr (a full pipe, a blocked terminal) never stalls requests.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import logging.handlers
+import queue
+import sys
+import time
+import uuid
+
+import orjson
+from aiohttp import web
+
+from token_proxy.proxy.request_stats import STATS, RequestStats
+
+ACCESS_LOGGER = "token_proxy.access"
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+REQUEST_ID = web.RequestKey("request_id", str)
+# Probes and scrapes would drown the requests that matter; they log at DEBUG.
+_QUIET_ENDPOINTS = frozenset({"/metrics", "/health"})
+_MAX_CLIENT_ID = 128
+
+
+def request_id_of(request: web.Request) -> str:
+    """The id the client sees in X-Request-Id and the log line shows: the rid SGLang was given
+    when there was one, else the client's own X-Request-Id, else a fresh one. Fixed on first use,
+    so the header (sent when the response starts) and the log line (after it ends) agree."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        stats = request.get(STATS)
+        rid = (stats.backend_rid if stats is not None else None) or _client_id(request) or uuid.uuid4().hex
+        request[REQUEST_ID] = rid
+    return rid
+
+
+def _client_id(request: web.Request) -> str | None:
+    given = request.headers.get("X-Request-Id")
+    if not given:
+        return None
+    given = given.strip()[:_MAX_CLIENT_ID]
+    return given if given.isprintable() else None
+
+
+async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: runs before the headers go out, streams included."""
+    response.headers["X-Request-Id"] = request_id_of(request)
+
+
+def log_request(request: web.Request, endpoint: str, status: int, stats: RequestStats,
+                latency_s: float) -> None:
+    level = logging.DEBUG if endpoint in _QUIET_ENDPOINTS else logging.INFO
+    if not access_log.isEnabledFor(level):
+        return
+    fields = {
+        "ts": round(time.time(), 6),
+        "request_id": request_id_of(request),
+        "method": request.method,
+        "endpoint": endpoint,
+        "path": request.path,
+        "status": status,
+        "stream": stats.stream,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "latency_s": round(latency_s, 6),
+        "ttft_s": _ttft(stats),
+        "backend_rid": stats.backend_rid,
+        "weight_version": stats.weight_version,
+        "prompt_cache_hit": stats.prompt_cache_hit,
+        "client_disconnected": stats.client_disconnected,
+    }
+    access_log.log(level, orjson.dumps(fields).decode(), extra={"access": fields})
+
+
+def _ttft(stats: RequestStats) -> float | None:
+    if stats.first_token_at is None:
+        return None
+    return round(stats.first_token_at - stats.started_at, 6)
+
+
+class JsonFormatter(logging.Formatter):
+    """The proxy's own log lines as JSON objects (--log-format json)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"ts": round(record.created, 6), "level": record.levelname.lower(), "logger": record.name,
+                "message": record.getMessage()}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(line).decode()
+
+
+def configure_logging(level: str, fmt: str = "text") -> logging.handlers.QueueListener:
+    """Root logging for the CLI: every record goes through a queue to a writer thread; access
+    lines are written as they are (already JSON), everything else as text or JSON."""
+    console = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        console.setFormatter(JsonFormatter())
+    else:
+        console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    access = logging.StreamHandler(sys.stderr)
+    access.setFormatter(logging.Formatter("%(message)s"))
+    access.addFilter(lambda record: record.name == ACCESS_LOGGER)
+    console.addFilter(lambda record: record.name != ACCESS_LOGGER)
+    records: queue.SimpleQueue = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, console, access, respect_handler_level=False)
+    root = logging.getLogger()
+    root.handlers[:] = [logging.handlers.QueueHandler(records)]
+    root.setLevel(level.upper())
+    listener.start()
+    atexit.register(listener.stop)  # flushes what is still queued
+    return listener

@@ -1,0 +1,210 @@
+"""prime-rl's admin plane (the endpoints prime-rl adds to vLLM), mapped onto SGLang's, on every worker.
+
+One update step as prime-rl drives it: POST /pause everywhere -> the trainer writes or broadcasts
+the weights -> POST /update_weights everywhere -> POST /resume (always). Replies are prime-rl's
+shapes; a failure is an error naming each failed worker with SGLang's own message.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from aiohttp import web
+
+from token_proxy.errors import InvalidRequest, ProxyError
+from token_proxy.proxy import admin_checks as check
+from token_proxy.proxy.admin_forward import add_forward_routes, add_passthrough, group_bodies, note_pause
+from token_proxy.proxy.admin_workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
+from token_proxy.proxy.context import CONTEXT
+from token_proxy.proxy.http_io import json_response, read_json
+
+log = logging.getLogger(__name__)
+
+LIVENESS_TIMEOUT_S = 10.0
+NCCL_READY_MARKER = "NCCL_READY"  # prime-rl touches it in weight_dir before an NCCL push
+_STEP = re.compile(r"step_(\d+)")
+# prime-rl / vLLM pause modes -> SGLang's; "keep" is the configured default (--pause-mode).
+_PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place"}
+
+
+async def pause(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    mode = _pause_mode(plane, request.query.get("mode") or (await _optional_json(request)).get("mode"))
+    replies = await plane.fan_out("POST", "/pause_generation", {"mode": mode}, plane.settings.admin_timeout_s)
+    raise_for_failures("pause", replies)
+    note_pause(plane, {}, replies)
+    if request.query.get("clear_cache", "false").lower() == "true":
+        raise_for_failures("flush_cache", await plane.fan_out("POST", "/flush_cache", None,
+                                                               plane.settings.admin_timeout_s))
+    return json_response({"status": "paused"})
+
+
+def _pause_mode(plane: AdminPlane, requested) -> str:
+    if requested in (None, "keep"):
+        return plane.settings.pause_mode
+    if requested not in _PAUSE_MODES:
+        raise InvalidRequest(f"mode must be keep, abort, retract or in_place, got {requested!r}", param="mode")
+    return _PAUSE_MODES[requested]
+
+
+async def resume(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    replies = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s)
+    raise_for_failures("resume", replies)
+    return json_response({"status": "resumed"})
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    """A weight directory -> /update_weights_from_disk on every worker (cache flushed, version bumped);
+    null (or prime-rl's NCCL_READY-only directory) -> wait for the trainer's NCCL push to land."""
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    weight_dir = body.get("weight_dir")
+    if weight_dir is None or _is_nccl_marker_dir(plane, weight_dir):
+        step = await plane.next_step(plane.settings.weight_update_timeout_s)
+        if not step.ok:
+            raise WorkerFailed(400, f"update_weights (NCCL) failed: {step.message}")
+        return json_response({"status": "ok", "weight_version": step.version})
+    path = check.local_dir(weight_dir, "weight_dir", plane.settings.check_local_paths)
+    version = str(body.get("weight_version") or _next_version(plane, path))
+    await load_from_disk(plane, path, version, "update_weights")
+    return json_response({"status": "ok", "weight_version": version})
+
+
+async def reload_weights(request: web.Request) -> web.Response:
+    """Older prime-rl: back to the weights the server started with."""
+    plane = request.app[ADMIN]
+    if not plane.base_model_path:
+        raise WorkerFailed(502, "reload_weights: SGLang did not report the model_path it started with")
+    await load_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
+    return json_response({"status": "ok", "weight_version": plane.initial_version})
+
+
+async def load_from_disk(plane: AdminPlane, path: str, version: str | None, action: str) -> None:
+    payload = {"model_path": path, "flush_cache": True, "weight_version": version}
+    replies = await plane.fan_out("POST", "/update_weights_from_disk", payload,
+                                  plane.settings.weight_update_timeout_s)
+    raise_for_failures(action, replies)
+    plane.record_version(version)
+
+
+def _is_nccl_marker_dir(plane: AdminPlane, weight_dir) -> bool:
+    if not plane.settings.check_local_paths or not isinstance(weight_dir, str):
+        return False
+    directory = Path(weight_dir)
+    return (directory / NCCL_READY_MARKER).exists() and not any(directory.glob("*.safetensors"))
+
+
+def _next_version(plane: AdminPlane, path: str) -> str:
+    """prime-rl writes step N to .../step_N: that N; otherwise one past the current number."""
+    steps = _STEP.findall(path)
+    if steps:
+        return steps[-1]
+    current = plane.version or ""
+    return str(int(current) + 1) if current.isdigit() else str(len(plane.history) + 1)
+
+
+async def init_broadcaster(request: web.Request) -> web.Response:
+    """prime-rl: trainer rank 0, inference ranks rank_offset + local_gpu + 1, world size
+    inference_world_size + 1 -> SGLang: rank_offset + 1 (its ranks are rank_offset + tp_rank)."""
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    if body.get("quantize_in_weight_transfer"):
+        raise InvalidRequest("quantize_in_weight_transfer is not supported by SGLang's weight-update group",
+                             param="quantize_in_weight_transfer")
+    rank_offset = body.get("rank_offset", body.get("server_rank", 0))
+    inference_world_size = body.get("inference_world_size", body.get("num_inference_server"))
+    check.integer(rank_offset, "rank_offset", 0)
+    check.integer(inference_world_size, "inference_world_size", 1)
+    timeout_s = float(body.get("timeout") or plane.settings.init_group_timeout_s)
+    native = {"master_address": body.get("host"), "master_port": body.get("port"),
+              "rank_offset": rank_offset + 1, "world_size": inference_world_size + 1,
+              "group_name": body.get("group_name", "weight_update_group"), "backend": body.get("backend", "nccl")}
+    urls = await plane.worker_urls()
+    bodies = await group_bodies(plane, native, urls)
+    replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
+    raise_for_failures("init_broadcaster", replies)
+    return json_response({"status": "ok"})
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """prime-rl reloads one adapter name with new weights every step (vLLM's load_inplace); SGLang
+    refuses a loaded name, so such a worker unloads it first. Replies suit both prime-rl and SGLang."""
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    name = check.text(body.get("lora_name"), "lora_name")
+    check.local_dir(body.get("lora_path"), "lora_path", plane.settings.check_local_paths)
+    timeout_s = plane.settings.weight_update_timeout_s
+    replies = await plane.fan_out("POST", "/load_lora_adapter", body, timeout_s)
+    stale = [r.url for r in replies if not r.ok and "already loaded" in r.message]
+    if stale:
+        await plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": name}, timeout_s, stale)
+        again = iter(await plane.fan_out("POST", "/load_lora_adapter", body, timeout_s, stale))
+        replies = [next(again) if r.url in stale else r for r in replies]
+    raise_for_failures("load_lora_adapter", replies)
+    loaded = replies[0].body.get("loaded_adapters") if isinstance(replies[0].body, dict) else None
+    return json_response({"status": "ok", "success": True, "error_message": None, "loaded_adapters": loaded})
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    name = check.text((await read_json(request)).get("lora_name"), "lora_name")
+    replies = await plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": name},
+                                  plane.settings.admin_timeout_s)
+    raise_for_failures("unload_lora_adapter", replies)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+async def liveness(request: web.Request) -> web.Response:
+    """Every worker's scheduler answers (/get_load goes through it, paused or not) within 10 s."""
+    plane = request.app[ADMIN]
+    try:
+        replies = await plane.fan_out("GET", "/get_load", None, LIVENESS_TIMEOUT_S)
+    except ProxyError as exc:
+        return json_response({"status": "engine_unresponsive", "message": exc.message}, status=503)
+    dead = [r for r in replies if not r.ok]
+    if dead:
+        message = "; ".join(f"{r.url}: {r.message}" for r in dead)
+        return json_response({"status": "engine_unresponsive", "message": message}, status=503)
+    return json_response({"status": "ok"})
+
+
+async def _optional_json(request: web.Request) -> dict:
+    return await read_json(request) if (await request.read()).strip() else {}
+
+
+PRIME_RL_ROUTES = (
+    ("POST", "/pause", pause),
+    ("POST", "/resume", resume),
+    ("POST", "/update_weights", update_weights),
+    ("POST", "/reload_weights", reload_weights),
+    ("POST", "/init_broadcaster", init_broadcaster),
+    ("POST", "/load_lora_adapter", load_lora_adapter),
+    ("POST", "/v1/load_lora_adapter", load_lora_adapter),
+    ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
+    ("GET", "/liveness", liveness),
+)
+
+
+def add_admin_routes(app: web.Application) -> None:
+    """prime-rl's endpoints, SGLang's forwarded ones, then (last) the pass-through of the rest."""
+    app.cleanup_ctx.append(_admin_plane)
+    for method, path, handler in PRIME_RL_ROUTES:
+        app.router.add_route(method, path, handler)
+    add_forward_routes(app)
+    add_passthrough(app)
+
+
+async def _admin_plane(app: web.Application):
+    ctx = app[CONTEXT]
+    try:  # routers answer the older name only
+        model_path = (await ctx.client.get_json("/get_model_info")).get("model_path")
+    except ProxyError as exc:
+        log.warning("no model_path from SGLang (%s): /reload_weights is unavailable", exc.message)
+        model_path = None
+    version = ctx.backend.weight_version
+    app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=model_path,
+                            initial_version=version, version=version)
+    yield

@@ -1,0 +1,230 @@
+"""SGLang's native admin endpoints (one table, one forwarder) and the pass-through of every other
+route, so clients and routers written for SGLang keep working through the proxy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from token_proxy.errors import InvalidRequest, NotFound
+from token_proxy.proxy import admin_checks as check
+from token_proxy.proxy.admin_workers import (
+    ADMIN,
+    AdminPlane,
+    StepResult,
+    WorkerFailed,
+    WorkerReply,
+    failure_status,
+)
+from token_proxy.proxy.context import CONTEXT
+
+SHORT_TIMEOUT_S = 30.0
+
+Prepare = Callable[[AdminPlane, dict, list[str]], Awaitable[list[dict]]]
+After = Callable[[AdminPlane, dict, list[WorkerReply]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    methods: tuple[str, ...]
+    path: str
+    timeout: str  # the Settings field bounding the call, or "short"
+    fan_out: bool = True  # False: the first worker answers (reads)
+    prepare: Prepare | None = None  # validate, and give each worker its body
+    after: After | None = None  # the proxy's bookkeeping (weight versions, NCCL steps)
+
+
+async def disk_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    check.local_dir(body.get("model_path"), "model_path", plane.settings.check_local_paths)
+    return [body] * len(urls)
+
+
+async def group_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """Validated, and with each worker's own rank_offset when several share one group."""
+    check.host(body.get("master_address"), "master_address")
+    check.port(body.get("master_port"), "master_port")
+    world_size = check.integer(body.get("world_size"), "world_size", 2)
+    first = check.integer(body.get("rank_offset"), "rank_offset", 0)  # rank_layout says why not 0
+    check.text(body.get("group_name"), "group_name", default="weight_update_group")
+    check.backend(body.get("backend", "nccl"))
+    offsets = check.rank_layout(first, await tp_sizes(plane, urls), world_size)
+    return [{**body, "rank_offset": offset} for offset in offsets]
+
+
+async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    check.tensor_specs(body)
+    return [body] * len(urls)
+
+
+async def tp_sizes(plane: AdminPlane, urls: list[str]) -> list[int]:
+    """Ranks per worker (tp_size x pp_size from /server_info; data parallel cannot join a group)."""
+    replies = await plane.fan_out("GET", "/server_info", None, SHORT_TIMEOUT_S, urls)
+    sizes = []
+    for reply in replies:
+        info = reply.body if reply.ok else None
+        if not isinstance(info, dict):
+            raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
+        if (info.get("dp_size") or 1) > 1 and not info.get("enable_dp_attention"):
+            raise InvalidRequest(f"{reply.url} runs data parallel (dp_size {info['dp_size']}); SGLang cannot "
+                                 "join a weight-update group that way")
+        sizes.append((info.get("tp_size") or 1) * (info.get("pp_size") or 1))
+    return sizes
+
+
+def note_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.record_version(_version(body.get("weight_version")))
+
+
+def note_new_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.record_version(_version(body.get("new_version")))
+
+
+def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    """A failed bucket, or the bucket that carries the weight version, ends one NCCL push."""
+    failed = [r for r in replies if not r.ok]
+    version = _version(body.get("weight_version"))
+    if failed:
+        message = "; ".join(f"{r.url}: {r.message}" for r in failed)
+        plane.publish_step(StepResult(False, message, version))
+    elif version is not None:
+        plane.record_version(version)
+        plane.publish_step(StepResult(True, "weights received", version))
+
+
+def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.paused_at = time.monotonic()
+
+
+# /load_lora_adapter is here too, but prime-rl's handler owns the path (admin.py): same body.
+FORWARDS = (
+    Forward(("POST",), "/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
+            after=note_version),
+    Forward(("POST",), "/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies),
+    Forward(("POST",), "/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
+            after=note_step),
+    Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s"),
+    Forward(("POST",), "/update_weight_version", "admin_timeout_s", after=note_new_version),
+    Forward(("POST",), "/pause_generation", "admin_timeout_s", after=note_pause),
+    Forward(("POST",), "/continue_generation", "admin_timeout_s"),
+    Forward(("GET", "POST"), "/flush_cache", "admin_timeout_s"),
+    Forward(("GET", "POST"), "/release_memory_occupation", "weight_update_timeout_s"),
+    Forward(("GET", "POST"), "/resume_memory_occupation", "weight_update_timeout_s"),
+    Forward(("POST",), "/unload_lora_adapter", "admin_timeout_s"),
+    Forward(("GET", "POST"), "/get_weights_by_name", "admin_timeout_s", fan_out=False),
+    Forward(("GET",), "/model_info", "short", fan_out=False),
+    Forward(("GET",), "/get_model_info", "short", fan_out=False),
+    Forward(("GET",), "/server_info", "short", fan_out=False),
+    Forward(("GET",), "/get_server_info", "short", fan_out=False),
+)
+
+
+def timeout_of(plane: AdminPlane, name: str) -> float:
+    return SHORT_TIMEOUT_S if name == "short" else getattr(plane.settings, name)
+
+
+def forwarder(row: Forward):
+    async def forward(request: web.Request) -> web.Response:
+        plane = request.app[ADMIN]
+        raw = await request.read()
+        urls = await plane.worker_urls()
+        urls = urls if row.fan_out else urls[:1]
+        body = _json_object(raw) if row.prepare or row.after else {}
+        bodies = await row.prepare(plane, body, urls) if row.prepare else (raw or None)
+        path = request.path_qs if request.query_string else row.path
+        replies = await plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+        if row.after:
+            row.after(plane, body, replies)
+        return sglang_reply(row.path, replies)
+
+    return forward
+
+
+def sglang_reply(path: str, replies: list[WorkerReply]) -> web.Response:
+    """One worker: SGLang's reply unchanged. Several: the first reply when all succeed, else SGLang's
+    failure shape naming each worker. A worker that cannot be reached is the proxy's 503/504."""
+    if len(replies) == 1 and replies[0].error is None:
+        return _as_is(replies[0])
+    failed = [r for r in replies if not r.ok]
+    if not failed:
+        return _as_is(replies[0])
+    if len(replies) == 1:
+        raise WorkerFailed(replies[0].error.status, f"{path}: {replies[0].message}")
+    message = f"{path} failed on {len(failed)} of {len(replies)} workers: " + "; ".join(
+        f"{r.url}: {r.message}" for r in failed)
+    workers = [{"url": r.url, "status": r.status or None, "success": r.ok, "message": r.message} for r in replies]
+    body = {"success": False, "message": message, "workers": workers}
+    return web.Response(status=failure_status(failed), body=orjson.dumps(body), content_type="application/json")
+
+
+def _as_is(reply: WorkerReply) -> web.Response:
+    response = web.Response(status=reply.status, body=reply.raw)
+    response.content_type = reply.content_type or "application/octet-stream"
+    return response
+
+
+def _json_object(raw: bytes) -> dict:
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}", param="body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object", param="body")
+    return body
+
+
+def _version(value) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- pass-through of routes the proxy does not own ------------------------------------------------
+
+# Hop-by-hop headers, and those aiohttp recomputes; Accept-Encoding so SGLang sends identity bytes.
+_DROP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                   "trailer", "transfer-encoding", "upgrade", "content-length", "accept-encoding",
+                   "content-encoding"})
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Method, headers, body and a streamed reply, unchanged, to the backend (server or router).
+    A route SGLang does not know either is the proxy's own OpenAI-shaped 404."""
+    client = request.app[CONTEXT].client
+    body = await request.read() if request.can_read_body else None
+    async with client.open(request.method, request.path_qs, body or None, _kept(request.headers)) as upstream:
+        if upstream.status == 404:
+            raw = await upstream.read()
+            if raw.strip() in (b"", b'{"detail":"Not Found"}'):
+                raise NotFound(f"The route {request.path} does not exist")
+            return web.Response(status=404, body=raw, headers=_kept(upstream.headers))
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                      headers=_kept(upstream.headers))
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def _kept(headers) -> CIMultiDict:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP)
+
+
+def add_forward_routes(app: web.Application) -> None:
+    for row in FORWARDS:
+        handler = forwarder(row)
+        for method in row.methods:
+            app.router.add_route(method, row.path, handler)
+
+
+def add_passthrough(app: web.Application) -> None:
+    """Last: aiohttp matches routes in the order they were added."""
+    app.router.add_route("*", "/{tail:.*}", passthrough)

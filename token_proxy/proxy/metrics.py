@@ -1,0 +1,274 @@
+"""The proxy's Prometheus metrics: one registry per application, one middleware that feeds it,
+and GET /metrics.
+
+Single-process design: the proxy is one aiohttp process (one event loop), so plain in-memory
+prometheus-client metrics are exact; no multiprocess directory is needed. Run one proxy per
+port and let Prometheus scrape each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from functools import partial
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from token_proxy.errors import ProxyError
+from token_proxy.proxy.access_log import add_request_id_header, log_request
+from token_proxy.proxy.context import CONTEXT, SETTINGS
+from token_proxy.proxy.request_stats import RequestStats, stats_of
+from token_proxy.proxy.vllm_metrics import BackendMetrics
+
+log = logging.getLogger(__name__)
+
+PREFIX = "token_proxy_"
+# Admin routes that swap weights (SGLang's names and prime-rl's); the middleware times them.
+WEIGHT_UPDATE_ROUTES = frozenset({
+    "/update_weights", "/update_weights_from_disk", "/update_weights_from_distributed",
+    "/update_weights_from_tensor", "/reload_weights",
+})
+# Routes after which SGLang may serve another weight version: the gauge is refreshed from /model_info.
+VERSION_ROUTES = WEIGHT_UPDATE_ROUTES | {"/update_weight_version"}
+UNMATCHED = "unmatched"  # 404s and 405s: the raw path would be unbounded label cardinality
+CLIENT_CLOSED = 499  # nginx's "client closed request"
+_BACKEND_ERROR_KINDS = {502: "error", 503: "unavailable", 504: "timeout"}
+
+# Milliseconds to twenty minutes: a cache-hit 1-token reply up to a long stream on a busy server.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 20, 40, 80,
+                160, 640)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+                0.5, 1, 2.5, 5)
+RENDER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# prime-rl allows 720 s for /update_weights.
+WEIGHT_UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 720, 1800)
+
+
+class ProxyMetrics:
+    """Every metric of one proxy application, registered in its own registry."""
+
+    def __init__(self, model_name: str = "", stale_after_s: float = 10.0):
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        counter, gauge, histogram = (partial(cls, registry=reg) for cls in (Counter, Gauge, Histogram))
+        route, timed = ["endpoint"], ["endpoint", "stream"]
+        self.requests = counter(PREFIX + "requests_total", "Requests answered, by route, HTTP status and "
+                                "streaming (499: the client left first)", ["endpoint", "status", "stream"])
+        self.in_flight = gauge(PREFIX + "requests_in_flight", "Requests being served now", route)
+        self.latency = histogram(PREFIX + "request_duration_seconds", "End-to-end time in the proxy, until "
+                                 "the last byte (streams included)", timed, buckets=LATENCY_BUCKETS)
+        self.ttft = histogram(PREFIX + "time_to_first_token_seconds", "Time until the first output reached "
+                              "the client (non-streaming: the whole reply)", timed, buckets=TTFT_BUCKETS)
+        self.tpot = histogram(PREFIX + "time_per_output_token_seconds", "Streams: time per output token "
+                              "after the first", timed, buckets=TPOT_BUCKETS)
+        self.prompt_tokens = counter(PREFIX + "prompt_tokens_total", "Prompt tokens sent to SGLang", route)
+        self.completion_tokens = counter(PREFIX + "completion_tokens_total", "Tokens SGLang generated", route)
+        self.cached_tokens = counter(PREFIX + "cached_prompt_tokens_total", "Prompt tokens SGLang served "
+                                     "from its prefix cache", route)
+        self.prompt_cache = counter(PREFIX + "prompt_cache_lookups_total", "Rendered-prompt cache lookups "
+                                    "(chat template + tokenization), by result", ["result"])
+        self.render = histogram(PREFIX + "render_duration_seconds", "Chat template rendering and "
+                                "tokenization, when it ran (cache misses)", buckets=RENDER_BUCKETS)
+        self.backend_errors = counter(PREFIX + "backend_errors_total", "Requests failed by SGLang: error "
+                                      "(502), unavailable (503), timeout (504)", ["endpoint", "kind"])
+        self.overloaded = counter(PREFIX + "overload_rejections_total", "Requests the proxy refused with "
+                                  "503 and Retry-After (too many in flight)", route)
+        self.disconnects = counter(PREFIX + "client_disconnects_total", "Requests whose client left before "
+                                   "the end (their SGLang requests are aborted)", route)
+        self.weight_updates = counter(PREFIX + "weight_updates_total", "Weight update calls, by route and "
+                                      "result (success: 2xx)", ["endpoint", "result"])
+        self.weight_update_latency = histogram(PREFIX + "weight_update_duration_seconds", "Weight update "
+                                               "calls, start to end", route, buckets=WEIGHT_UPDATE_BUCKETS)
+        self.last_weight_update = gauge(PREFIX + "last_weight_update_timestamp_seconds", "Unix time of the "
+                                        "last successful weight update")
+        self.weight_version_info = gauge(PREFIX + "weight_version_info", "1 for the weight version SGLang "
+                                         "serves now", ["weight_version"])
+        self.weight_version = gauge(PREFIX + "weight_version", "The current weight version as a number "
+                                    "(NaN when it is not one)")
+        self.current_weight_version: str | None = None
+        self.backend = BackendMetrics(model_name, stale_after_s)
+        self.backend.register(self.registry, PREFIX)
+        ProcessCollector(namespace=PREFIX.rstrip("_"), registry=self.registry)
+        self.weight_update_routes = WEIGHT_UPDATE_ROUTES
+        self._children: dict[tuple, object] = {}
+
+    def child(self, metric, *labels: str):
+        """A labelled child, looked up in prometheus-client once per label set, not per request."""
+        key = (metric._name, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
+    def observe(self, endpoint: str, status: int, stats: RequestStats, latency_s: float,
+                overloaded: bool = False) -> None:
+        stream = "true" if stats.stream else "false"
+        self.child(self.requests, endpoint, str(status), stream).inc()
+        self.child(self.latency, endpoint, stream).observe(latency_s)
+        if stats.first_token_at is not None:
+            self.child(self.ttft, endpoint, stream).observe(stats.first_token_at - stats.started_at)
+            if stats.stream and stats.completion_tokens > 1 and stats.finished_at is not None:
+                per_token = (stats.finished_at - stats.first_token_at) / (stats.completion_tokens - 1)
+                self.child(self.tpot, endpoint, stream).observe(per_token)
+        if stats.prompt_tokens:
+            self.child(self.prompt_tokens, endpoint).inc(stats.prompt_tokens)
+        if stats.completion_tokens:
+            self.child(self.completion_tokens, endpoint).inc(stats.completion_tokens)
+        if stats.cached_tokens:
+            self.child(self.cached_tokens, endpoint).inc(stats.cached_tokens)
+        if stats.prompt_cache_hit is not None:
+            self.child(self.prompt_cache, "hit" if stats.prompt_cache_hit else "miss").inc()
+            if not stats.prompt_cache_hit:
+                self.render.observe(stats.render_s)
+        if overloaded:
+            self.child(self.overloaded, endpoint).inc()
+        elif status in _BACKEND_ERROR_KINDS:
+            self.child(self.backend_errors, endpoint, _BACKEND_ERROR_KINDS[status]).inc()
+        if stats.client_disconnected or status == CLIENT_CLOSED:
+            self.child(self.disconnects, endpoint).inc()
+        if stats.weight_version and stats.weight_version != self.current_weight_version:
+            self.set_weight_version(stats.weight_version)
+
+    def observe_weight_update(self, endpoint: str, status: int, latency_s: float) -> bool:
+        ok = 200 <= status < 300
+        self.weight_updates.labels(endpoint, "success" if ok else "failure").inc()
+        self.weight_update_latency.labels(endpoint).observe(latency_s)
+        if ok:
+            self.last_weight_update.set(time.time())
+        return ok
+
+    def set_weight_version(self, version: str) -> None:
+        self.current_weight_version = version
+        self.weight_version_info.clear()
+        self.weight_version_info.labels(version).set(1)
+        self.weight_version.set(_as_number(version))
+
+
+def _as_number(version: str) -> float:
+    try:
+        return float(version)
+    except ValueError:
+        return math.nan
+
+
+METRICS = web.AppKey("metrics", ProxyMetrics)
+
+
+def endpoint_of(request: web.Request) -> str:
+    """The route's canonical path (e.g. /v1/chat/completions), never the raw one."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else UNMATCHED
+
+
+@web.middleware
+async def observe_requests(request: web.Request, handler):
+    """Outermost middleware: sees the final status (after the error middleware), counts, times,
+    and writes the access line. Costs a few microseconds; nothing here waits."""
+    metrics = request.app[METRICS]
+    stats = stats_of(request)  # created here, so stats.started_at is the request's start
+    endpoint = endpoint_of(request)
+    gauge = metrics.child(metrics.in_flight, endpoint)
+    gauge.inc()
+    status, overloaded = 500, False
+    try:
+        response = await handler(request)
+        status = response.status
+        overloaded = status == 503 and "Retry-After" in response.headers  # the proxy's own refusal
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        status = CLIENT_CLOSED
+        raise
+    finally:
+        gauge.dec()
+        stats.finished_at = time.perf_counter()
+        if stats.client_disconnected:
+            status = CLIENT_CLOSED
+        latency = stats.finished_at - stats.started_at
+        metrics.observe(endpoint, status, stats, latency, overloaded)
+        if endpoint in metrics.weight_update_routes or endpoint in VERSION_ROUTES:
+            _after_weight_update(request, metrics, endpoint, status, latency)
+        log_request(request, endpoint, status, stats, latency)
+
+
+def _after_weight_update(request: web.Request, metrics: ProxyMetrics, endpoint: str, status: int,
+                         latency: float) -> None:
+    if endpoint in metrics.weight_update_routes:
+        metrics.observe_weight_update(endpoint, status, latency)
+    if 200 <= status < 300:
+        ctx = request.app.get(CONTEXT)
+        if ctx is not None:
+            ctx.spawn(refresh_weight_version(ctx.client, metrics))
+
+
+async def refresh_weight_version(client, metrics: ProxyMetrics) -> None:
+    """Ask SGLang which weights it now serves (a weight update may not say)."""
+    try:
+        info = await client.get_json("/model_info", timeout_s=10.0)
+    except ProxyError:
+        return
+    version = info.get("weight_version") if isinstance(info, dict) else None
+    if version:
+        metrics.set_weight_version(str(version))
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """GET /metrics, in Prometheus' text format 0.0.4. Rendering runs in a thread: a big registry
+    takes a millisecond or more, which the event loop should not pay."""
+    registry = request.app[METRICS].registry
+    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+
+async def backend_metrics(app: web.Application):
+    """cleanup_ctx, after the proxy context: reads SGLang's /metrics on an interval for the vllm:
+    view, and seeds the weight version from start-up discovery."""
+    settings, metrics, ctx = app[SETTINGS], app[METRICS], app[CONTEXT]
+    metrics.backend.model_name = ctx.backend.served_model_name
+    if ctx.backend.weight_version:
+        metrics.set_weight_version(str(ctx.backend.weight_version))
+    interval = settings.backend_metrics_interval_s
+    task = None
+    if interval > 0:
+        timeout = min(5.0, max(interval, settings.backend_metrics_stale_s / 2))
+        task = asyncio.get_running_loop().create_task(_scrape_forever(ctx.client, metrics.backend, interval,
+                                                                      timeout))
+    yield
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _scrape_forever(client, backend: BackendMetrics, interval: float, timeout: float) -> None:
+    was_up = True
+    while True:
+        try:
+            backend.update(await client.metrics_text(timeout))
+        except ProxyError as exc:
+            backend.failed()
+            if was_up:
+                log.warning("cannot read SGLang's /metrics (%s); the vllm: view goes stale (is SGLang "
+                            "started with --enable-metrics?)", exc.message)
+        except Exception:  # a bad page must not end the loop
+            backend.failed()
+            log.exception("unreadable /metrics page from SGLang")
+        if backend.up and not was_up:
+            log.info("reading SGLang's /metrics again")
+        was_up = backend.up
+        await asyncio.sleep(interval)
+
+
+def add_observability(app: web.Application) -> None:
+    """Metrics registry, X-Request-Id on every response, and the backend scrape (append after the
+    proxy context: it uses its SGLang client). The middleware goes first in create_app's list."""
+    settings = app[SETTINGS]
+    app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s)
+    app.on_response_prepare.append(add_request_id_header)
+    app.cleanup_ctx.append(backend_metrics)

@@ -1,0 +1,38 @@
+"""vLLM's `weight_versions` (WeightVersionSpan: output tokens [start, end) were sampled by weights
+labelled `version`) from the weight_version SGLang reports in each reply's meta_info.
+
+A stream sees the version of every event, so a choice that spans a weight update gets one span
+per version, split where the version changed. A non-streaming reply carries only the version
+SGLang reported when it finished; its single span covers the whole output.
+"""
+
+from __future__ import annotations
+
+
+def span(version: str, start: int, end: int) -> dict:
+    return {"version": version, "start": start, "end": end}
+
+
+def whole_output(version: str | None, num_tokens: int) -> list[dict] | None:
+    return None if version is None else [span(str(version), 0, num_tokens)]
+
+
+class VersionSpans:
+    """Per choice: where each version started producing tokens (vLLM's track_weight_version)."""
+
+    def __init__(self) -> None:
+        self._starts: dict[int, list[tuple[str, int]]] = {}
+
+    def track(self, index: int, version: str | None, tokens_before: int, new_tokens: int) -> None:
+        if version is None or not new_tokens:
+            return
+        starts = self._starts.setdefault(index, [])
+        if not starts or starts[-1][0] != str(version):
+            starts.append((str(version), tokens_before))
+
+    def spans(self, index: int, num_tokens: int) -> list[dict] | None:
+        starts = self._starts.get(index)
+        if not starts:
+            return None
+        ends = [start for _, start in starts[1:]] + [num_tokens]
+        return [span(version, start, end) for (version, start), end in zip(starts, ends)]

@@ -1,0 +1,186 @@
+"""SGLang's weight-sync and memory endpoints: a real torch.distributed group join and receive
+(gloo on CPU), parameters readable by name, memory release/resume, and LoRA adapters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from token_proxy.simulator import params
+from token_proxy.simulator.admin_routes import _body, _drain
+from token_proxy.simulator.errors import json_response
+from token_proxy.simulator.state import SIM_STATE, SimState
+
+log = logging.getLogger(__name__)
+
+GROUP_FAILED = "Failed to initialize custom process group: {}."
+UPDATE_FAILED = ("Failed to update parameter online: {}. The full weights of the ModelRunner are partially "
+                 "updated. Please discard the whole weights.")
+
+
+@dataclass
+class Weights:
+    """What the simulated model runner holds besides the fake forward pass."""
+
+    values: dict = field(default_factory=params.initial_params)  # name -> nested list or torch tensor
+    groups: dict = field(default_factory=dict)  # group_name -> torch process group
+    released: set[str] = field(default_factory=set)  # memory tags released
+    adapters: dict[str, str] = field(default_factory=dict)  # LoRA name -> path
+    updates: list[dict] = field(default_factory=list)  # every distributed update received, in order
+
+
+WEIGHTS: web.AppKey[Weights] = web.AppKey("sim_weights", Weights)
+
+
+def _weights(request: web.Request) -> Weights:
+    return request.app[WEIGHTS]
+
+
+def _result(success: bool, message: str) -> web.Response:
+    return json_response({"success": success, "message": message}, 200 if success else 400)
+
+
+async def init_weights_update_group(request: web.Request) -> web.Response:
+    required = ("master_address", "master_port", "rank_offset", "world_size")
+    body = await _body(request, (1321, "init_weights_update_group"), required=required)
+    group_name = body.get("group_name", "weight_update_group")
+    rank = body["rank_offset"]  # tp_rank 0: the simulator is one GPU
+    log.info("init custom process group: master_address=%s, master_port=%s, rank=%s, world_size=%s, "
+             "group_name=%s, backend=%s", body["master_address"], body["master_port"], rank, body["world_size"],
+             group_name, body.get("backend", "nccl"))
+    try:
+        group = await asyncio.to_thread(
+            params.join_group, body["master_address"], body["master_port"], rank, body["world_size"],
+            group_name, body.get("backend", "nccl"), request.app[SIM_STATE].config.dist_timeout_s)
+    except ImportError:
+        return _result(False, GROUP_FAILED.format("torch is not installed in the simulator"))
+    except Exception as exc:  # noqa: BLE001 - torch's own words, as SGLang reports them
+        return _result(False, GROUP_FAILED.format(exc))
+    _weights(request).groups[group_name] = group
+    return _result(True, "Succeeded to initialize custom process group.")
+
+
+async def update_weights_from_distributed(request: web.Request) -> web.Response:
+    body = await _body(request, (1375, "update_weights_from_distributed"), required=("names", "dtypes", "shapes"))
+    sim, weights = request.app[SIM_STATE], _weights(request)
+    group_name = body.get("group_name", "weight_update_group")
+    if group_name not in weights.groups:
+        return _result(False, f"Group {group_name} not in {list(weights.groups)}. Please call "
+                              "`init_weights_update_group` first.")
+    if body.get("abort_all_requests"):
+        sim.abort(abort_all=True)
+    if not sim.paused:
+        await _drain(sim)
+    try:
+        tensors = await asyncio.to_thread(params.receive, weights.groups[group_name], body["dtypes"], body["shapes"])
+        _load(weights, body["names"], tensors)
+    except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
+        return _result(False, UPDATE_FAILED.format(exc))
+    weights.updates.append({"names": list(body["names"]), "weight_version": body.get("weight_version")})
+    sim.weights_path = f"distributed:{params.digest(tensors)}"
+    return _result(True, "Succeeded to update parameter online." + _after_update(sim, body))
+
+
+def _load(weights: Weights, names: list[str], tensors: list) -> None:
+    """Qwen2's load_weights: each name must exist with the same shape; earlier ones stay loaded."""
+    for name, tensor in zip(names, tensors):
+        if name not in params.PARAM_SHAPES:
+            raise KeyError(name)
+        expected = params.PARAM_SHAPES[name]
+        if tuple(tensor.shape) != expected:
+            raise AssertionError(f"Attempted to load weight (torch.Size({list(tensor.shape)})) into parameter "
+                                 f"(torch.Size({list(expected)}))")
+        weights.values[name] = tensor
+
+
+def _after_update(sim: SimState, body: dict) -> str:
+    if body.get("flush_cache", True):
+        sim.prefix_cache.clear()
+    if body.get("weight_version") is None:
+        return ""
+    sim.weight_version = str(body["weight_version"])
+    return f" Weight version updated to {sim.weight_version}."
+
+
+async def destroy_weights_update_group(request: web.Request) -> web.Response:
+    body = await _body(request, (1337, "destroy_weights_update_group"), allow_empty=True)
+    group = _weights(request).groups.pop(body.get("group_name", "weight_update_group"), None)
+    if group is None:
+        return _result(False, "The group to be destroyed does not exist.")
+    try:
+        await asyncio.to_thread(params.leave_group, group)
+    except Exception as exc:  # noqa: BLE001 - as SGLang's destroy_weights_update_group
+        return _result(False, f"Failed to destroy custom process group: {exc}.")
+    return _result(True, "Succeeded to destroy custom process group.")
+
+
+async def get_weights_by_name(request: web.Request) -> web.Response:
+    body = await _body(request, (1448, "get_weights_by_name"), required=("name",))
+    value = _weights(request).values.get(body["name"])
+    if value is None:
+        return json_response({"error": {"message": f"Parameter {body['name']} not found"}}, 400)
+    return json_response(params.as_list(value, int(body.get("truncate_size", 100))))
+
+
+async def release_memory_occupation(request: web.Request) -> web.Response:
+    body = await _body(request, (1464, "release_memory_occupation"), allow_empty=True)
+    _weights(request).released |= set(body.get("tags") or ("weights", "kv_cache"))
+    return json_response(None)  # FastAPI's reply for a handler that returns None
+
+
+async def resume_memory_occupation(request: web.Request) -> web.Response:
+    body = await _body(request, (1476, "resume_memory_occupation"), allow_empty=True)
+    _weights(request).released -= set(body.get("tags") or ("weights", "kv_cache"))
+    return json_response(None)
+
+
+def _lora_reply(weights: Weights, error: str | None) -> web.Response:
+    body = {"success": error is None, "error_message": error,
+            "loaded_adapters": None if error else dict(weights.adapters)}
+    return json_response(body, 400 if error else 200)
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    body = await _body(request, (1521, "load_lora_adapter"), required=("lora_name", "lora_path"))
+    weights, name, path = _weights(request), body["lora_name"], str(body["lora_path"])
+    if not request.app[SIM_STATE].config.enable_lora:
+        return _lora_reply(weights, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
+    if name in weights.adapters:
+        return _lora_reply(weights, f"Failed to load LoRA adapter {name} because it is already loaded")
+    if not (Path(path) / "adapter_config.json").is_file():
+        return _lora_reply(weights, f"Failed to load LoRA adapter {name}: no adapter_config.json in {path}")
+    weights.adapters[name] = path
+    return _lora_reply(weights, None)
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    body = await _body(request, (1544, "unload_lora_adapter"), required=("lora_name",))
+    weights = _weights(request)
+    if weights.adapters.pop(body["lora_name"], None) is None:
+        return _lora_reply(weights, f"LoRA adapter {body['lora_name']} is not loaded")
+    return _lora_reply(weights, None)
+
+
+ROUTES = (
+    ("POST", "/init_weights_update_group", init_weights_update_group),
+    ("POST", "/update_weights_from_distributed", update_weights_from_distributed),
+    ("POST", "/destroy_weights_update_group", destroy_weights_update_group),
+    ("GET", "/get_weights_by_name", get_weights_by_name),
+    ("POST", "/get_weights_by_name", get_weights_by_name),
+    ("GET", "/release_memory_occupation", release_memory_occupation),
+    ("POST", "/release_memory_occupation", release_memory_occupation),
+    ("GET", "/resume_memory_occupation", resume_memory_occupation),
+    ("POST", "/resume_memory_occupation", resume_memory_occupation),
+    ("POST", "/load_lora_adapter", load_lora_adapter),
+    ("POST", "/unload_lora_adapter", unload_lora_adapter),
+)
+
+
+def add_weight_routes(app: web.Application) -> None:
+    app[WEIGHTS] = Weights()
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
