@@ -67,6 +67,18 @@ _FLAGS = (
     ("--init-group-timeout", "init_group_timeout_s", float, "seconds joining a weight-update group may take"),
     ("--check-local-paths", "check_local_paths", flag_bool,
      "refuse weight/adapter paths that look local but do not exist here (true/false)"),
+    ("--weight-dir", "weight_dirs", url_list,
+     "repeatable: weight and LoRA paths must lie under one of these directories"),
+    ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
+    ("--max-queued-requests", "max_queued_requests", int, "requests waiting for a slot; more get 503"),
+    ("--queue-timeout", "queue_timeout_s", float, "seconds a request may wait for a slot"),
+    ("--first-token-timeout", "first_token_timeout_s", float, "seconds until SGLang's first event (0: off)"),
+    ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
+    ("--shutdown-timeout", "shutdown_timeout_s", float, "seconds in-flight requests get after SIGTERM"),
+    ("--api-key", "api_key", str, "require Authorization: Bearer KEY on inference routes (prefer the env var)"),
+    ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
+    ("--admin-open", "admin_open", flag_bool, "without an admin key, let non-loopback clients use admin routes"),
 )
 
 
@@ -113,6 +125,7 @@ def serve(settings: Settings) -> None:
 
     log.info("token-proxy listening on http://%s:%d/v1 -> %s", settings.host, settings.port, settings.backend_url)
     web.run_app(create_app(settings), host=settings.host, port=settings.port, handler_cancellation=True,
+                shutdown_timeout=settings.shutdown_timeout_s,
                 access_log=None, print=None)
 
 

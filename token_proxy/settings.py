@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,25 @@ class Settings:
     # Refuse weight / adapter paths that look local but do not exist here: SGLang would try them
     # as Hugging Face Hub ids. Turn off when the proxy does not share SGLang's filesystem.
     check_local_paths: bool = True
+    # Weight and LoRA paths must lie under one of these directories (empty: anywhere); `..` and
+    # symlinks leading out are refused.
+    weight_dirs: tuple[str, ...] = ()
+    # Overload: inference requests in flight, and waiting for a slot; past both, 503 + Retry-After.
+    max_concurrent_requests: int = 4096
+    max_queued_requests: int = 8192
+    queue_timeout_s: float = 60.0
+    # Per-request time limits besides request_timeout_s (0: off): until SGLang's first stream event,
+    # and between stream events (a stalled stream).
+    first_token_timeout_s: float = 0.0
+    stream_idle_timeout_s: float = 120.0
+    max_body_bytes: int = 64 * 1024 * 1024  # long multi-turn prompts as token ids can be several MB
+    # SIGTERM: stop accepting, then give in-flight requests this long before aborting them.
+    shutdown_timeout_s: float = 30.0
+    # Access. api_key guards inference routes; admin_key every weight, pause, memory and LoRA route.
+    # With no admin key, admin routes answer only on loopback unless admin_open.
+    api_key: str | None = field(default=None, repr=False)
+    admin_key: str | None = field(default=None, repr=False)
+    admin_open: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -61,6 +80,8 @@ class Settings:
             raise ValueError("context_length must be >= 1")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
+            raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         if self.backend_metrics_interval_s < 0 or self.backend_metrics_stale_s <= 0:

@@ -67,7 +67,7 @@ async def update_weights(request: web.Request) -> web.Response:
         if not step.ok:
             raise WorkerFailed(400, f"update_weights (NCCL) failed: {step.message}")
         return json_response({"status": "ok", "weight_version": step.version})
-    path = check.local_dir(weight_dir, "weight_dir", plane.settings.check_local_paths)
+    path = check.local_dir(weight_dir, "weight_dir", plane.settings)
     version = str(body.get("weight_version") or _next_version(plane, path))
     await load_from_disk(plane, path, version, "update_weights")
     return json_response({"status": "ok", "weight_version": version})
@@ -135,7 +135,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     body = await read_json(request)
     name = check.text(body.get("lora_name"), "lora_name")
-    check.local_dir(body.get("lora_path"), "lora_path", plane.settings.check_local_paths)
+    check.local_dir(body.get("lora_path"), "lora_path", plane.settings)
     timeout_s = plane.settings.weight_update_timeout_s
     replies = await plane.fan_out("POST", "/load_lora_adapter", body, timeout_s)
     stale = [r.url for r in replies if not r.ok and "already loaded" in r.message]

@@ -94,13 +94,31 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
 
 
-def local_dir(value, param: str, check: bool) -> str:
+def local_dir(value, param: str, settings) -> str:
+    """A weight or adapter path, checked against the operator's policy before SGLang sees it: it must
+    exist when it looks local (else SGLang tries it as a Hub id), and with --weight-dir roots set it
+    must lie inside one of them, with no `..` and no symlink leading out."""
     path = text(value, param)
-    if check and looks_local(path) and not Path(path).expanduser().is_dir():
+    if looks_local(path) and settings.weight_dirs:
+        inside_roots(path, param, settings.weight_dirs)
+    elif settings.weight_dirs:
+        raise InvalidRequest(f"{param} must be a path under the allowed weight directories, not a hub id",
+                             param=param)
+    if settings.check_local_paths and looks_local(path) and not Path(path).expanduser().is_dir():
         raise InvalidRequest(
             f"{param} {path!r} is not an existing directory here; refused before SGLang, which would "
             "try it as a Hugging Face Hub id", param=param)
     return path
+
+
+def inside_roots(path: str, param: str, roots) -> None:
+    if ".." in Path(path).parts:
+        raise InvalidRequest(f"{param} must not contain '..'", param=param)
+    resolved = Path(path).expanduser().resolve()  # follows symlinks: a link out of a root is refused
+    for root in roots:
+        if resolved.is_relative_to(Path(root).expanduser().resolve()):
+            return
+    raise InvalidRequest(f"{param} is outside the allowed weight directories", param=param)
 
 
 def _is_int(value) -> bool:

@@ -40,7 +40,7 @@ class Forward:
 
 
 async def disk_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
-    check.local_dir(body.get("model_path"), "model_path", plane.settings.check_local_paths)
+    check.local_dir(body.get("model_path"), "model_path", plane.settings)
     return [body] * len(urls)
 
 

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 
+from token_proxy.proxy.admission import ADMISSION, Admission, admission_control
+from token_proxy.proxy.auth import ACCESS, AccessPolicy, access_control
 from token_proxy.proxy.backend import discover, wait_until_healthy
 from token_proxy.proxy.context import CONTEXT, SETTINGS, ProxyContext
 from token_proxy.proxy.metrics import add_observability, observe_requests
@@ -22,14 +24,16 @@ from token_proxy.tokenization.token_text import TokenTexts
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024  # long multi-turn prompts as token ids can be several MB
-
-
 def create_app(settings: Settings) -> web.Application:
     if not settings.backend_url:
         raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
-    app = web.Application(middlewares=[observe_requests, openai_errors], client_max_size=MAX_BODY_BYTES)
+    # observe_requests first: it sees every final status, refusals by the others included.
+    app = web.Application(middlewares=[observe_requests, openai_errors, access_control, admission_control],
+                          client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
+    app[ACCESS] = AccessPolicy(settings.api_key, settings.admin_key, settings.admin_open)
+    app[ADMISSION] = Admission(settings.max_concurrent_requests, settings.max_queued_requests,
+                               settings.queue_timeout_s)
     app.cleanup_ctx.append(_proxy_context)
     add_observability(app)  # after _proxy_context: the backend scrape uses its client
     add_routes(app)
