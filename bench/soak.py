@@ -135,7 +135,8 @@ def main() -> None:
     sim = f"http://127.0.0.1:{ports['sim']}"
     base = f"http://127.0.0.1:{ports['proxy']}"
     procs = [start([sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port",
-                    str(ports["sim"]), "--tpot-ms", str(args.tpot_ms), "--incremental-streaming-output"], sim)]
+                    str(ports["sim"]), "--tpot-ms", str(args.tpot_ms), "--incremental-streaming-output",
+                    "--enable-deterministic-inference"], sim)]
     try:
         procs.append(start([sys.executable, "-m", "token_proxy", "--backend", sim, "--host", "127.0.0.1",
                             "--port", str(ports["proxy"]), "--log-level", "warning"], base))

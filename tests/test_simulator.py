@@ -75,7 +75,18 @@ async def test_a_longer_context_continues_the_same_greedy_path(sim):
     assert resumed["output_ids"] == full["output_ids"][5:]
 
 
-async def test_seeded_sampling_repeats_and_seeds_differ(sim):
+async def test_seeds_are_ignored_without_deterministic_inference(sim):
+    """SGLang's sampler reads sampling_seed only under --enable-deterministic-inference."""
+    params = {"max_new_tokens": 24, "temperature": 1.0, "sampling_seed": 42}
+    a = await generate(sim, input_ids=FOX, sampling_params=params)
+    b = await generate(sim, input_ids=FOX, sampling_params=params)
+    assert a["output_ids"] != b["output_ids"]
+    info = await (await sim.get("/server_info")).json()
+    assert info["enable_deterministic_inference"] is False
+
+
+async def test_seeded_sampling_repeats_and_seeds_differ(make_sim):
+    sim = await make_sim(enable_deterministic_inference=True)
     params = {"max_new_tokens": 24, "temperature": 1.0, "sampling_seed": 42}
     a = await generate(sim, input_ids=FOX, sampling_params=params)
     b = await generate(sim, input_ids=FOX, sampling_params=params)

@@ -78,6 +78,8 @@ _FLAGS = (
     ("--shutdown-timeout", "shutdown_timeout_s", float, "seconds in-flight requests get after SIGTERM"),
     ("--api-key", "api_key", str, "require Authorization: Bearer KEY on inference routes (prefer the env var)"),
     ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
+    ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool,
+     "send `seed` even when SGLang runs without --enable-deterministic-inference (it is then ignored)"),
     ("--admin-open", "admin_open", flag_bool, "without an admin key, let non-loopback clients use admin routes"),
 )
 

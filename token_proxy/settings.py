@@ -30,6 +30,9 @@ class Settings:
     sim_ttft_ms: float = 0.0
     sim_tpot_ms: float = 0.0
     log_level: str = "info"
+    # SGLang ignores `seed` unless started with --enable-deterministic-inference; then a seeded
+    # request is refused (400), unless this lets it through knowing the seed has no effect.
+    allow_unhonoured_seed: bool = False
     # "text" or "json" for the proxy's own log lines; the per-request access line is always JSON.
     log_format: str = "text"
     # How often SGLang's /metrics is read for the vllm: view (0: never), and after how long

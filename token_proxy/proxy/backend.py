@@ -24,6 +24,8 @@ class BackendInfo:
     weight_version: str | None = None
     # SGLang refuses prompts of max_req_input_len tokens or more (context - 6 by default).
     max_prompt_len: int | None = None
+    # SGLang reads sampling_seed only with --enable-deterministic-inference; otherwise it ignores it.
+    honours_seed: bool = False
 
 
 async def wait_until_healthy(client: SGLangClient, deadline_s: float) -> None:
@@ -54,6 +56,7 @@ async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
                                 or server_info.get("stream_output")),
         weight_version=model_info.get("weight_version"),
         max_prompt_len=_max_prompt_len(server_info),
+        honours_seed=bool(server_info.get("enable_deterministic_inference")),
     )
     if not info.incremental_stream:
         log.warning("SGLang streams cumulatively (every event repeats the whole output): the proxy "

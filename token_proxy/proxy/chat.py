@@ -9,7 +9,7 @@ from aiohttp import web
 from token_proxy.proxy.context import CONTEXT, ProxyContext, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import RequestStats, stats_of
-from token_proxy.proxy.serving import checked_model, generate_once, stream_translated
+from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
 from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
 from token_proxy.schemas.chat_response import ResponseMeta, chat_response
 from token_proxy.schemas.fields import token_id_list
@@ -38,6 +38,7 @@ async def serve_chat(request: web.Request, ctx: ProxyContext, req: ChatRequest) 
     stats = stats_of(request)
     stats.stream = req.output.stream
     model = checked_model(ctx, req.model)
+    check_seed(ctx, req.sampling)
     prompt_ids = await chat_prompt_ids(ctx, req, stats)
     max_new_tokens = resolve_max_tokens(req.sampling, len(prompt_ids), ctx.max_model_len,
                                         ctx.backend.max_prompt_len)

@@ -9,7 +9,7 @@ from aiohttp import web
 from token_proxy.proxy.context import CONTEXT, ProxyContext, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import stats_of
-from token_proxy.proxy.serving import checked_model, generate_once, stream_translated
+from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
 from token_proxy.schemas.completion_request import CompletionRequest, parse_completion_request
 from token_proxy.schemas.completion_response import CompletionMeta, CompletionStreamTranslator, completion_response
 from token_proxy.schemas.logprobs import TokenNamer
@@ -22,6 +22,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     stats = stats_of(request)
     stats.stream = req.output.stream
     model = checked_model(ctx, req.model)
+    check_seed(ctx, req.sampling)
     prompt_ids = await _prompt_ids(ctx, req)
     stats.prompt_tokens = sum(len(ids) for ids in prompt_ids)
     max_new = [resolve_max_tokens(req.sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)

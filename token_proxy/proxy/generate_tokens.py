@@ -7,7 +7,7 @@ from aiohttp import web
 from token_proxy.proxy.context import CONTEXT, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import stats_of
-from token_proxy.proxy.serving import checked_model, generate_once, stream_translated
+from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
 from token_proxy.schemas.generate_tokens import (
     GenerateStreamTranslator, generate_tokens_response, parse_generate_tokens,
 )
@@ -21,6 +21,7 @@ async def generate_tokens(request: web.Request) -> web.StreamResponse:
     stats = stats_of(request)
     stats.stream, stats.prompt_tokens = req.stream, len(req.token_ids)
     model = checked_model(ctx, req.model)
+    check_seed(ctx, req.sampling)
     max_new_tokens = resolve_max_tokens(req.sampling, len(req.token_ids), ctx.max_model_len,
                                         ctx.backend.max_prompt_len)
     request_id = new_request_id("generate-tokens", req.request_id or request.headers.get("X-Request-Id"))

@@ -6,12 +6,13 @@ import contextlib
 
 from aiohttp import web
 
-from token_proxy.errors import BackendError, BackendTimeout, NotFound, ProxyError
+from token_proxy.errors import BackendError, BackendTimeout, InvalidRequest, NotFound, ProxyError
 from token_proxy.proxy.context import ProxyContext
 from token_proxy.proxy.http_io import DONE, open_sse, sse_frames
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.upstream import abort_all_of, aborting_on_exit
 from token_proxy.schemas.generation import Generation, generations
+from token_proxy.schemas.sampling import SamplingRequest
 from token_proxy.schemas.sglang_payload import payload_rids
 
 
@@ -29,6 +30,16 @@ async def generate_once(ctx: ProxyContext, payload: dict, stats: RequestStats) -
 
 def translate(translator, events: list[dict]) -> list[dict]:
     return [chunk for event in events for chunk in translator.feed(event)]
+
+
+def check_seed(ctx: ProxyContext, sampling: SamplingRequest) -> None:
+    """vLLM always honours `seed`; SGLang only with --enable-deterministic-inference. A seed that
+    would be silently ignored is refused rather than breaking a run's reproducibility unseen."""
+    if sampling.seed is None or ctx.backend.honours_seed or ctx.settings.allow_unhonoured_seed:
+        return
+    raise InvalidRequest(
+        "`seed` cannot be honoured: SGLang ignores it unless started with --enable-deterministic-inference "
+        "(or run the proxy with --allow-unhonoured-seed true to send it anyway)", param="seed")
 
 
 def checked_model(ctx: ProxyContext, model: str | None) -> str:

@@ -21,6 +21,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ttft-ms", type=float, default=SimConfig.ttft_s * 1000)
     parser.add_argument("--tpot-ms", type=float, default=SimConfig.tpot_s * 1000)
     parser.add_argument("--incremental-streaming-output", action="store_true")
+    parser.add_argument("--enable-deterministic-inference", action="store_true",
+                        help="honour sampling_seed (without it SGLang ignores seeds)")
     parser.add_argument("--weight-version", default=SimConfig.weight_version)
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
@@ -42,6 +44,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         ttft_s=args.ttft_ms / 1000,
         tpot_s=args.tpot_ms / 1000,
         incremental_streaming_output=args.incremental_streaming_output,
+        enable_deterministic_inference=args.enable_deterministic_inference,
         weight_version=args.weight_version,
         max_running_requests=args.max_running_requests,
         dist_timeout_s=args.dist_timeout,

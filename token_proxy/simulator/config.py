@@ -25,6 +25,9 @@ class SimConfig:
     eos_token_ids: tuple[int, ...] = (151645, 151643)
     max_running_requests: int | None = None
     enable_lora: bool = True  # SGLang's --enable-lora (/load_lora_adapter refuses without it)
+    # SGLang's --enable-deterministic-inference: only then does it honour sampling_seed (its sampler
+    # reads the seed only in that mode; otherwise seeded requests sample freshly, like unseeded ones).
+    enable_deterministic_inference: bool = False
     # How long a weight-update group join or receive may wait for its peers (SGLang: torch's 30 min).
     dist_timeout_s: float = 60.0
 

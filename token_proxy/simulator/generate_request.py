@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import uuid
 from dataclasses import dataclass, replace
 
@@ -98,6 +99,8 @@ def _item(body: dict, i: int, prompt: list[int], rid: str, raw_params, config: S
     raw = (raw_params[i] if i < len(raw_params) else {}) if isinstance(raw_params, list) else raw_params
     _check_context(len(prompt), raw.get("max_new_tokens"), config.context_length)
     params = parse_sampling_params(raw, config.model_vocab_size)
+    if not config.enable_deterministic_inference:
+        params = replace(params, sampling_seed=None)  # accepted, then ignored, as in SGLang
     requested = params.max_new_tokens if params.max_new_tokens is not None else 1 << 30
     too_long = len(prompt) >= config.max_req_input_len
     return SequenceSpec(

@@ -65,6 +65,7 @@ def _server_args(sim: SimState, host: str, port: int) -> dict:
         "weight_version": sim.weight_version,
         "stream_interval": 1,
         "incremental_streaming_output": config.incremental_streaming_output,
+        "enable_deterministic_inference": config.enable_deterministic_inference,
         "enable_metrics": True,
         "allow_auto_truncate": False,
     }

@@ -1,0 +1,49 @@
+"""`seed` against SGLang's rule: honoured only under --enable-deterministic-inference."""
+
+from __future__ import annotations
+
+import orjson
+
+from token_proxy.simulator import SIM_STATE
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+async def test_seed_is_refused_when_sglang_would_ignore_it(make_sim, make_proxy):
+    sim = await make_sim(enable_deterministic_inference=False)
+    proxy = await make_proxy(sim)
+    for path, body in (("/v1/chat/completions", {"messages": USER, "seed": 1}),
+                       ("/v1/completions", {"prompt": "hi", "seed": 1}),
+                       ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"seed": 1}})):
+        resp = await proxy.post(path, data=orjson.dumps(body))
+        reply = await resp.json()
+        assert resp.status == 400, reply
+        assert reply["error"]["param"] == "seed"
+        assert "--enable-deterministic-inference" in reply["error"]["message"]
+    assert sim.app[SIM_STATE].received == []
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"messages": USER, "max_tokens": 2}))
+    assert resp.status == 200  # unseeded requests are unaffected
+
+
+async def test_seed_passes_when_allowed_and_is_then_really_ignored(make_sim, make_proxy):
+    sim = await make_sim(enable_deterministic_inference=False)
+    proxy = await make_proxy(sim, allow_unhonoured_seed=True)
+    body = orjson.dumps({"messages": USER, "seed": 7, "temperature": 1.0, "max_tokens": 16, "ignore_eos": True,
+                         "return_token_ids": True})
+    outs = []
+    for _ in range(2):
+        resp = await proxy.post("/v1/chat/completions", data=body)
+        assert resp.status == 200
+        outs.append((await resp.json())["choices"][0]["token_ids"])
+    assert sim.app[SIM_STATE].received[-1]["sampling_params"]["sampling_seed"] == 7
+    assert outs[0] != outs[1]  # as on a real SGLang without deterministic inference
+
+
+async def test_seed_is_honoured_under_deterministic_inference(make_sim, make_proxy):
+    sim = await make_sim(enable_deterministic_inference=True)
+    proxy = await make_proxy(sim)
+    body = orjson.dumps({"messages": USER, "seed": 7, "temperature": 1.0, "max_tokens": 16, "ignore_eos": True,
+                         "return_token_ids": True})
+    outs = [(await (await proxy.post("/v1/chat/completions", data=body)).json())["choices"][0]["token_ids"]
+            for _ in range(2)]
+    assert outs[0] == outs[1]
