@@ -232,3 +232,35 @@ async def test_stream_cut_short_by_sglang_ends_with_error_chunk(aiohttp_server, 
     frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
     assert frames[-1] == "[DONE]"
     assert "before every choice finished" in orjson.loads(frames[-2])["error"]["message"]
+
+
+async def _wait_until_idle(state):
+    for _ in range(200):
+        if not state.running:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_first_token_timeout_is_504_and_aborts(make_sim, make_proxy):
+    sim = await make_sim(ttft_s=3.0)
+    proxy = await make_proxy(sim, first_token_timeout_s=0.3)
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 2, "stream": True})
+    assert_error(status, body, 504, contains="first-token limit of 0.3 s")
+    state = sim.app[SIM_STATE]
+    await _wait_until_idle(state)
+    assert state.running == {} and len(state.aborted) == 1
+
+
+async def test_stalled_stream_ends_with_a_timeout_chunk_and_is_aborted(make_sim, make_proxy):
+    sim = await make_sim(tpot_s=3.0)
+    proxy = await make_proxy(sim, stream_idle_timeout_s=0.3)
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(
+        {"messages": USER, "max_tokens": 50, "ignore_eos": True, "stream": True}))
+    assert resp.status == 200
+    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
+    assert frames[-1] == "[DONE]"
+    error = orjson.loads(frames[-2])["error"]
+    assert error["code"] == 504 and "stalled" in error["message"]
+    state = sim.app[SIM_STATE]
+    await _wait_until_idle(state)
+    assert state.running == {} and len(state.aborted) == 1

@@ -47,7 +47,8 @@ async def _proxy_context(app: web.Application):
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
     async with aiohttp.ClientSession(connector=connector) as session:
         client = SGLangClient(settings.backend_url, session, settings.request_timeout_s,
-                              settings.connect_timeout_s)
+                              settings.connect_timeout_s, settings.first_token_timeout_s,
+                              settings.stream_idle_timeout_s)
         await wait_until_healthy(client, settings.backend_wait_s)
         backend = await discover(client, settings)
         tokenizer = await asyncio.get_running_loop().run_in_executor(

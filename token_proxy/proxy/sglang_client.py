@@ -24,10 +24,16 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 
 class SGLangClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, request_timeout_s: float,
-                 connect_timeout_s: float = 10.0):
+                 connect_timeout_s: float = 10.0, first_token_timeout_s: float = 0.0,
+                 stream_idle_timeout_s: float = 0.0):
+        """Timeouts: total per request; for streams also until the first event and between events
+        (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done."""
         self.base_url = base_url.rstrip("/")
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
+        self._stream_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s,
+                                                     sock_read=stream_idle_timeout_s or None)
+        self._first_token_s = first_token_timeout_s or None
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
 
     async def generate(self, payload: dict) -> list[dict]:
@@ -42,10 +48,10 @@ class SGLangClient:
     async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
         """Streaming /generate: yields the events that arrived together (one network read), so the
         caller can answer them with one write; an in-stream error raises."""
-        async with self._post("/generate", payload) as resp:
+        async with self._post("/generate", payload, self._stream_timeout) as resp:
             if resp.status != 200:
                 raise _error_from_status(resp.status, await resp.read())
-            async for datas in _sse_batches(resp.content):
+            async for datas in _first_within(_sse_batches(resp.content), self._first_token_s):
                 events = []
                 for data in datas:
                     if data == b"[DONE]":
@@ -132,9 +138,9 @@ class SGLangClient:
         return _Call(self._session.request(method, f"{self.base_url}{path_qs}", data=body, headers=headers,
                                            timeout=self._timeout, allow_redirects=False), self.base_url)
 
-    def _post(self, path: str, payload: dict) -> _Call:
+    def _post(self, path: str, payload: dict, timeout: aiohttp.ClientTimeout | None = None) -> _Call:
         return _Call(self._session.post(f"{self.base_url}{path}", data=orjson.dumps(payload),
-                                        headers=_JSON_HEADERS, timeout=self._timeout), self.base_url)
+                                        headers=_JSON_HEADERS, timeout=timeout or self._timeout), self.base_url)
 
 
 class _Call:
@@ -147,15 +153,17 @@ class _Call:
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
             return await self._ctx.__aenter__()
+        except asyncio.TimeoutError as exc:  # first: aiohttp's ServerTimeoutError is a ClientError too
+            raise BackendTimeout("SGLang did not answer in time") from exc
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self._base_url} is unreachable: {exc}") from exc
-        except asyncio.TimeoutError as exc:
-            raise BackendTimeout("SGLang did not answer in time") from exc
 
     async def __aexit__(self, exc_type, exc, tb):
         await self._ctx.__aexit__(exc_type, exc, tb)
         if isinstance(exc, ProxyError) or exc is None or isinstance(exc, asyncio.CancelledError):
             return False
+        if isinstance(exc, aiohttp.ServerTimeoutError):
+            raise BackendTimeout(f"SGLang stalled: no data from it within the idle limit ({exc})") from exc
         if isinstance(exc, asyncio.TimeoutError):
             raise BackendTimeout("SGLang did not finish the request in time") from exc
         if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
@@ -163,6 +171,21 @@ class _Call:
         if isinstance(exc, aiohttp.ClientError):
             raise BackendUnavailable(f"SGLang at {self._base_url} failed: {exc}") from exc
         return False
+
+
+async def _first_within(batches: AsyncIterator, seconds: float | None) -> AsyncIterator:
+    """Pass `batches` through, the first one only if it comes within `seconds` (None: no limit)."""
+    iterator = batches.__aiter__()
+    if seconds is not None:
+        try:
+            first = await asyncio.wait_for(anext(iterator), seconds)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            raise BackendTimeout(f"SGLang sent no output within the first-token limit of {seconds:g} s") from None
+        yield first
+    async for batch in iterator:
+        yield batch
 
 
 async def _sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
