@@ -25,7 +25,7 @@ def hf_tokenizer(tokenizer_dir):
 @pytest.fixture
 def shared_tokenizer(monkeypatch, hf_tokenizer):
     """Every proxy app in a test session reuses one loaded tokenizer (loading takes ~2 s)."""
-    monkeypatch.setattr("token_proxy.proxy.app.load_tokenizer", lambda path: hf_tokenizer)
+    monkeypatch.setattr("token_proxy.proxy.engine.load_tokenizer", lambda path: hf_tokenizer)
     return hf_tokenizer
 
 
@@ -52,7 +52,8 @@ def make_proxy(aiohttp_client, shared_tokenizer, tokenizer_dir):
 
     async def factory(backend, **overrides):
         url = backend if isinstance(backend, str) else str(backend.make_url("")).rstrip("/")
-        settings = Settings(backend_url=url, tokenizer=str(tokenizer_dir), backend_wait_s=5.0, **overrides)
+        overrides.setdefault("backend_wait_s", 5.0)
+        settings = Settings(backend_url=url, tokenizer=str(tokenizer_dir), **overrides)
         return await aiohttp_client(create_app(settings))
 
     return factory

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
+import urllib.request
 
 import orjson
 import pytest
@@ -264,3 +268,64 @@ async def test_stalled_stream_ends_with_a_timeout_chunk_and_is_aborted(make_sim,
     state = sim.app[SIM_STATE]
     await _wait_until_idle(state)
     assert state.running == {} and len(state.aborted) == 1
+
+
+async def test_proxy_starts_without_sglang_and_connects_when_it_comes_up(aiohttp_server, tokenizer_dir,
+                                                                          make_proxy, unused_tcp_port):
+    from token_proxy.simulator import SimConfig, create_sim_app
+
+    url = f"http://127.0.0.1:{unused_tcp_port}"
+    proxy = await make_proxy(url, backend_wait_s=0.2)
+    status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+    assert_error(status, body, 503, contains="not connected to SGLang")
+    assert (await proxy.get("/health")).status == 503
+    assert (await proxy.get("/v1/models")).status == 503
+    sim_app = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir)))
+    await aiohttp_server(sim_app, port=unused_tcp_port)
+    for _ in range(100):  # the proxy's retry backoff is capped at 5 s
+        status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+        if status == 200:
+            break
+        await asyncio.sleep(0.1)
+    assert status == 200 and body["choices"][0]["finish_reason"] in ("length", "stop")
+    assert (await proxy.get("/health")).status == 200
+
+
+def _start_simulator_process(port: int, tokenizer_dir) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(port), "--tokenizer",
+                             str(tokenizer_dir), "--tpot-ms", "20"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("simulator did not start")
+
+
+async def test_sglang_killed_mid_request_then_restarted(tokenizer_dir, make_proxy, unused_tcp_port):
+    """kill -9 mid-stream: the stream ends with an error chunk and [DONE]; new requests get 503;
+    once SGLang is back, requests succeed with no proxy restart."""
+    proc = await asyncio.to_thread(_start_simulator_process, unused_tcp_port, tokenizer_dir)
+    try:
+        proxy = await make_proxy(f"http://127.0.0.1:{unused_tcp_port}")
+        in_flight = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=orjson.dumps(
+            {"messages": USER, "max_tokens": 500, "ignore_eos": True, "stream": True})))
+        await asyncio.sleep(0.3)
+        proc.kill()
+        resp = await in_flight
+        frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
+        assert frames[-1] == "[DONE]"
+        assert orjson.loads(frames[-2])["error"]["code"] == 503
+        status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+        assert_error(status, body, 503, contains="unreachable")
+        assert (await proxy.get("/health")).status == 503
+        proc = await asyncio.to_thread(_start_simulator_process, unused_tcp_port, tokenizer_dir)
+        status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
+        assert status == 200
+        assert (await proxy.get("/health")).status == 200
+    finally:
+        proc.kill()

@@ -199,12 +199,12 @@ def add_admin_routes(app: web.Application) -> None:
 
 async def _admin_plane(app: web.Application):
     ctx = app[CONTEXT]
-    try:  # routers answer the older name only
-        model_path = (await ctx.client.get_json("/get_model_info")).get("model_path")
-    except ProxyError as exc:
-        log.warning("no model_path from SGLang (%s): /reload_weights is unavailable", exc.message)
-        model_path = None
-    version = ctx.backend.weight_version
-    app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=model_path,
-                            initial_version=version, version=version)
+    plane = app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
+                                    initial_version=None, version=None)
+
+    def learn(engine) -> None:  # once SGLang is known (start-up may come before it)
+        plane.base_model_path = engine.backend.model_path
+        plane.initial_version = plane.version = engine.backend.weight_version
+
+    ctx.when_ready(learn)
     yield

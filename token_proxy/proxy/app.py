@@ -11,18 +11,16 @@ from aiohttp import web
 
 from token_proxy.proxy.admission import ADMISSION, Admission, admission_control
 from token_proxy.proxy.auth import ACCESS, AccessPolicy, access_control
-from token_proxy.proxy.backend import discover, wait_until_healthy
 from token_proxy.proxy.context import CONTEXT, SETTINGS, ProxyContext
+from token_proxy.proxy.engine import connect_engine
 from token_proxy.proxy.metrics import add_observability, observe_requests
 from token_proxy.proxy.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
 from token_proxy.proxy.sglang_client import SGLangClient
 from token_proxy.settings import Settings
-from token_proxy.tokenization.loader import describe_tokenizer, load_tokenizer
-from token_proxy.tokenization.renderer import PromptRenderer
-from token_proxy.tokenization.token_text import TokenTexts
 
 log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings) -> web.Application:
     if not settings.backend_url:
@@ -49,19 +47,16 @@ async def _proxy_context(app: web.Application):
         client = SGLangClient(settings.backend_url, session, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,
                               settings.stream_idle_timeout_s)
-        await wait_until_healthy(client, settings.backend_wait_s)
-        backend = await discover(client, settings)
-        tokenizer = await asyncio.get_running_loop().run_in_executor(
-            executor, load_tokenizer, backend.tokenizer_path)
-        app[CONTEXT] = ProxyContext(
-            settings=settings, client=client, backend=backend, tokenizer_info=describe_tokenizer(tokenizer),
-            renderer=PromptRenderer(tokenizer, executor, settings.prompt_cache_size),
-            token_texts=TokenTexts(tokenizer),
-        )
-        log.info("serving %s (context %d) from %s", backend.served_model_name, backend.max_model_len,
-                 settings.backend_url)
+        ctx = app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
+        connecting = asyncio.get_running_loop().create_task(connect_engine(ctx))
+        try:
+            await asyncio.wait_for(asyncio.shield(connecting), settings.backend_wait_s)
+        except asyncio.TimeoutError:
+            log.warning("SGLang at %s is not ready after %.0f s (%s): serving 503 until it is",
+                        settings.backend_url, settings.backend_wait_s, ctx.last_error)
         yield
-        pending = list(app[CONTEXT].background)
+        connecting.cancel()
+        pending = list(ctx.background)
         if pending:
             await asyncio.wait(pending, timeout=5.0)
     executor.shutdown(wait=False, cancel_futures=True)

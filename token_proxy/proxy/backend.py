@@ -22,23 +22,11 @@ class BackendInfo:
     # SGLang's --incremental-streaming-output: stream events carry deltas, not everything so far.
     incremental_stream: bool
     weight_version: str | None = None
+    model_path: str | None = None  # what SGLang loaded at start (what /reload_weights returns to)
     # SGLang refuses prompts of max_req_input_len tokens or more (context - 6 by default).
     max_prompt_len: int | None = None
     # SGLang reads sampling_seed only with --enable-deterministic-inference; otherwise it ignores it.
     honours_seed: bool = False
-
-
-async def wait_until_healthy(client: SGLangClient, deadline_s: float) -> None:
-    """Bounded, logged retry: SGLang can take a minute or more to load a model."""
-    start = time.monotonic()
-    delay = 0.2
-    while not await client.healthy():
-        waited = time.monotonic() - start
-        if waited >= deadline_s:
-            raise RuntimeError(f"SGLang at {client.base_url} is not healthy after {waited:.0f} s")
-        log.info("waiting for SGLang at %s (%.0f s so far)", client.base_url, waited)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 5.0)
 
 
 async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
@@ -55,6 +43,7 @@ async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
         incremental_stream=bool(server_info.get("incremental_streaming_output")
                                 or server_info.get("stream_output")),
         weight_version=model_info.get("weight_version"),
+        model_path=model_info.get("model_path"),
         max_prompt_len=_max_prompt_len(server_info),
         honours_seed=bool(server_info.get("enable_deterministic_inference")),
     )

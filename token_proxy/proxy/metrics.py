@@ -231,9 +231,13 @@ async def backend_metrics(app: web.Application):
     """cleanup_ctx, after the proxy context: reads SGLang's /metrics on an interval for the vllm:
     view, and seeds the weight version from start-up discovery."""
     settings, metrics, ctx = app[SETTINGS], app[METRICS], app[CONTEXT]
-    metrics.backend.model_name = ctx.backend.served_model_name
-    if ctx.backend.weight_version:
-        metrics.set_weight_version(str(ctx.backend.weight_version))
+
+    def seed(engine) -> None:  # once SGLang is known (start-up may come before it)
+        metrics.backend.model_name = engine.backend.served_model_name
+        if engine.backend.weight_version:
+            metrics.set_weight_version(str(engine.backend.weight_version))
+
+    ctx.when_ready(seed)
     interval = settings.backend_metrics_interval_s
     task = None
     if interval > 0:
