@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import orjson
 import pytest
 from admin_fixtures import free_port, until
@@ -78,6 +79,43 @@ async def test_update_step_under_load_loses_nothing_and_reports_versions(make_pr
     after = await (await proxy.post("/v1/chat/completions", json={**LONG, "max_tokens": 4})).json()
     assert after["choices"][0]["weight_versions"] == [{"version": "1", "start": 0, "end": 4}]
     assert state(slow_sim).running == {} and state(slow_sim).aborted == []
+
+
+async def test_a_flushing_update_while_paused_with_requests_crashes_sglang_as_the_real_one_does(slow_sim,
+                                                                                                 tmp_path):
+    """Seen on SGLang 0.5.17: "AssertionError: Cache flush failed after updating weights" kills it."""
+    async with aiohttp.ClientSession() as session:
+        stream = asyncio.create_task(session.post(slow_sim.make_url("/generate"), json={
+            "input_ids": FOX, "stream": True, "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}))
+        await until(lambda: state(slow_sim).running)
+        async with session.post(slow_sim.make_url("/pause_generation"), json={"mode": "retract"}) as resp:
+            assert resp.status == 200
+        async with session.post(slow_sim.make_url("/update_weights_from_disk"),
+                                json={"model_path": str(weights_dir(tmp_path, "ckpt"))}) as resp:
+            assert resp.status == 500 and state(slow_sim).crashed
+        stream.cancel()
+
+
+@pytest.mark.parametrize("path", ["/update_weights", "/update_weights_from_disk"])
+async def test_the_proxy_updates_without_a_flush_that_would_crash_and_flushes_after_resume(
+        make_proxy, slow_sim, tmp_path, path):
+    proxy = await make_proxy(slow_sim)
+    rollouts = [asyncio.create_task(stream_chat(proxy, {**LONG, "max_tokens": 40})) for _ in range(3)]
+    await until(lambda: len(state(slow_sim).running) == 3)
+    assert (await proxy.post("/pause")).status == 200
+    slow_sim.app[SIM_STATE].prefix_cache.insert(FOX)  # something the flush must clear
+    key = "weight_dir" if path == "/update_weights" else "model_path"
+    response = await proxy.post(path, json={key: str(weights_dir(tmp_path, "ckpt"))})
+    assert response.status == 200, await response.text()
+    assert not state(slow_sim).crashed
+    plane = proxy.app[ADMIN]
+    assert plane.owed_flushes == {plane.client.base_url}
+    resume = "/resume" if path == "/update_weights" else "/continue_generation"
+    assert (await proxy.post(resume)).status == 200
+    for events in await asyncio.wait_for(asyncio.gather(*rollouts), timeout=20):
+        assert final_choice(events)["finish_reason"] == "length"
+    await until(lambda: not plane.owed_flushes)
+    assert state(slow_sim).prefix_cache.match(FOX) == 0  # flushed once idle
 
 
 # --- SGLang refusing an update ----------------------------------------------------------------

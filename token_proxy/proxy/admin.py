@@ -16,6 +16,7 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.proxy import admin_checks as check
 from token_proxy.proxy.admin_forward import add_forward_routes, add_passthrough, group_bodies, note_pause
+from token_proxy.proxy.admin_flush import safe_flush, settle_owed_flushes
 from token_proxy.proxy.admin_workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
 from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.http_io import json_response, read_json
@@ -53,6 +54,7 @@ async def resume(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     replies = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s)
     raise_for_failures("resume", replies)
+    settle_owed_flushes(plane, plane.spawn)
     return json_response({"status": "resumed"})
 
 
@@ -83,9 +85,11 @@ async def reload_weights(request: web.Request) -> web.Response:
 
 
 async def load_from_disk(plane: AdminPlane, path: str, version: str | None, action: str) -> None:
+    urls = await plane.worker_urls()
     payload = {"model_path": path, "flush_cache": True, "weight_version": version}
-    replies = await plane.fan_out("POST", "/update_weights_from_disk", payload,
-                                  plane.settings.weight_update_timeout_s)
+    bodies = await safe_flush(plane, [payload] * len(urls), urls)
+    replies = await plane.fan_out("POST", "/update_weights_from_disk", bodies,
+                                  plane.settings.weight_update_timeout_s, urls)
     raise_for_failures(action, replies)
     plane.record_version(version)
 
@@ -200,7 +204,7 @@ def add_admin_routes(app: web.Application) -> None:
 async def _admin_plane(app: web.Application):
     ctx = app[CONTEXT]
     plane = app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
-                                    initial_version=None, version=None)
+                                    initial_version=None, version=None, spawn=ctx.spawn)
 
     def learn(engine) -> None:  # once SGLang is known (start-up may come before it)
         plane.base_model_path = engine.backend.model_path

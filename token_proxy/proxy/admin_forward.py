@@ -13,6 +13,7 @@ from multidict import CIMultiDict
 
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.proxy import admin_checks as check
+from token_proxy.proxy.admin_flush import safe_flush, settle_owed_flushes
 from token_proxy.proxy.admin_workers import (
     ADMIN,
     AdminPlane,
@@ -41,7 +42,7 @@ class Forward:
 
 async def disk_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     check.local_dir(body.get("model_path"), "model_path", plane.settings)
-    return [body] * len(urls)
+    return await safe_flush(plane, [body] * len(urls), urls)
 
 
 async def group_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
@@ -58,7 +59,7 @@ async def group_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[d
 
 async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     check.tensor_specs(body)
-    return [body] * len(urls)
+    return await safe_flush(plane, [body] * len(urls), urls)
 
 
 async def tp_sizes(plane: AdminPlane, urls: list[str]) -> list[int]:
@@ -98,6 +99,11 @@ def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None
         plane.publish_step(StepResult(True, "weights received", version))
 
 
+def note_continue(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies) and plane.spawn is not None:
+        settle_owed_flushes(plane, plane.spawn)
+
+
 def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     if all(r.ok for r in replies):
         plane.paused_at = time.monotonic()
@@ -113,7 +119,7 @@ FORWARDS = (
     Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s"),
     Forward(("POST",), "/update_weight_version", "admin_timeout_s", after=note_new_version),
     Forward(("POST",), "/pause_generation", "admin_timeout_s", after=note_pause),
-    Forward(("POST",), "/continue_generation", "admin_timeout_s"),
+    Forward(("POST",), "/continue_generation", "admin_timeout_s", after=note_continue),
     Forward(("GET", "POST"), "/flush_cache", "admin_timeout_s"),
     Forward(("GET", "POST"), "/release_memory_occupation", "weight_update_timeout_s"),
     Forward(("GET", "POST"), "/resume_memory_occupation", "weight_update_timeout_s"),

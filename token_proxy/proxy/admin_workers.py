@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -97,6 +98,9 @@ class AdminPlane:
     _step_arrived: asyncio.Event = field(default_factory=asyncio.Event)
     # The proxy's own record of version changes: (monotonic time, version), oldest first.
     history: list[tuple[float, str]] = field(default_factory=list)
+    # Workers that updated weights without flushing their prefix cache (admin_flush.py says why).
+    owed_flushes: set[str] = field(default_factory=set)
+    spawn: Callable | None = None  # runs background work that outlives a request (the proxy's spawn)
 
     async def worker_urls(self) -> list[str]:
         if self.settings.workers:

@@ -125,11 +125,25 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         if ok
         else f"Failed to get weights iterator: Cannot find any model weights with `{path}`."
     )
+    if ok and flush_would_crash(sim, body):
+        return crash_scheduler(sim)
     if ok:
         _load_weights(sim, path, body)
         if body.get("weight_version") is not None:
             message += f" Weight version updated to {body['weight_version']}."
     return json_response({"success": ok, "message": message, "num_paused_requests": 0}, 200 if ok else 400)
+
+
+def flush_would_crash(sim: SimState, body: dict) -> bool:
+    """SGLang asserts "Cache flush failed after updating weights" (its scheduler dies) when an
+    update's flush_cache (default true) finds requests pending: paused retract / in_place."""
+    return bool(body.get("flush_cache", True)) and bool(sim.running)
+
+
+def crash_scheduler(sim: SimState) -> web.Response:
+    sim.crashed = True
+    sim.notify()
+    return web.Response(status=500, text="Internal Server Error")
 
 
 async def _drain(sim: SimState) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from aiohttp import web
 
 from token_proxy.simulator import params
-from token_proxy.simulator.admin_routes import _body, _drain
+from token_proxy.simulator.admin_routes import _body, _drain, crash_scheduler, flush_would_crash
 from token_proxy.simulator.errors import json_response
 from token_proxy.simulator.state import SIM_STATE, SimState
 
@@ -80,6 +80,8 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
         _load(weights, body["names"], tensors)
     except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
         return _result(False, UPDATE_FAILED.format(exc))
+    if flush_would_crash(sim, body):
+        return crash_scheduler(sim)
     weights.updates.append({"names": list(body["names"]), "weight_version": body.get("weight_version")})
     sim.weights_path = f"distributed:{params.digest(tensors)}"
     return _result(True, "Succeeded to update parameter online." + _after_update(sim, body))
