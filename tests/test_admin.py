@@ -335,3 +335,15 @@ async def test_reload_weights_returns_to_the_starting_weights(proxy, sim, tmp_pa
     response = await proxy.post("/reload_weights")
     assert (response.status, await response.json()) == (200, {"status": "ok", "weight_version": "default"})
     assert (state(sim).weight_version, state(sim).weights_path) == ("default", "sim/qwen2-tiny")
+
+
+@pytest.mark.parametrize("change,param", [({"port": 0}, "port"), ({"port": "29500"}, "port"),
+                                          ({"host": ""}, "host"), ({"timeout": "soon"}, "timeout"),
+                                          ({"timeout": -1}, "timeout"), ({"rank_offset": -1}, "rank_offset")])
+async def test_init_broadcaster_names_prime_rls_own_fields(proxy, sim, change, param):
+    body = {"host": "127.0.0.1", "port": 29500, "timeout": 5, "rank_offset": 0, "inference_world_size": 1,
+            **change}
+    response = await proxy.post("/init_broadcaster", json=body)
+    reply = await response.json()
+    assert response.status == 400 and reply["error"]["param"] == param
+    assert not any(r.get("path") == "/init_weights_update_group" for r in getattr(state(sim), "log", []))

@@ -122,7 +122,9 @@ async def init_broadcaster(request: web.Request) -> web.Response:
     inference_world_size = body.get("inference_world_size", body.get("num_inference_server"))
     check.integer(rank_offset, "rank_offset", 0)
     check.integer(inference_world_size, "inference_world_size", 1)
-    timeout_s = float(body.get("timeout") or plane.settings.init_group_timeout_s)
+    check.host(body.get("host"), "host")  # prime-rl's names, checked before they become SGLang's
+    check.port(body.get("port"), "port")
+    timeout_s = check.seconds(body.get("timeout"), "timeout", plane.settings.init_group_timeout_s)
     native = {"master_address": body.get("host"), "master_port": body.get("port"),
               "rank_offset": rank_offset + 1, "world_size": inference_world_size + 1,
               "group_name": body.get("group_name", "weight_update_group"), "backend": body.get("backend", "nccl")}

@@ -33,6 +33,14 @@ def host(value, param: str) -> str:
     return value
 
 
+def seconds(value, param: str, default: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+        raise InvalidRequest(f"{param} must be a number of seconds in (0, 86400], got {value!r}", param=param)
+    return float(value)
+
+
 def integer(value, param: str, minimum: int) -> int:
     if not _is_int(value) or value < minimum:
         raise InvalidRequest(f"{param} must be an integer >= {minimum}, got {value!r}", param=param)
