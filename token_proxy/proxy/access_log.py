@@ -17,6 +17,7 @@ import uuid
 import orjson
 from aiohttp import web
 
+from token_proxy.proxy.context import header_request_id
 from token_proxy.proxy.request_stats import STATS, RequestStats
 
 ACCESS_LOGGER = "token_proxy.access"
@@ -25,7 +26,6 @@ access_log = logging.getLogger(ACCESS_LOGGER)
 REQUEST_ID = web.RequestKey("request_id", str)
 # Probes and scrapes would drown the requests that matter; they log at DEBUG.
 _QUIET_ENDPOINTS = frozenset({"/metrics", "/health"})
-_MAX_CLIENT_ID = 128
 
 
 def request_id_of(request: web.Request) -> str:
@@ -35,17 +35,9 @@ def request_id_of(request: web.Request) -> str:
     rid = request.get(REQUEST_ID)
     if rid is None:
         stats = request.get(STATS)
-        rid = (stats.backend_rid if stats is not None else None) or _client_id(request) or uuid.uuid4().hex
+        rid = (stats.backend_rid if stats is not None else None) or header_request_id(request) or uuid.uuid4().hex
         request[REQUEST_ID] = rid
     return rid
-
-
-def _client_id(request: web.Request) -> str | None:
-    given = request.headers.get("X-Request-Id")
-    if not given:
-        return None
-    given = given.strip()[:_MAX_CLIENT_ID]
-    return given if given.isprintable() else None
 
 
 async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from token_proxy.errors import ProxyError
 
-PUBLIC_PATHS = frozenset({"/health", "/liveness", "/metrics", "/ping"})
+PUBLIC_PATHS = frozenset({"/health", "/liveness", "/metrics", "/ping", "/openapi.json"})
 # Inference (and read-only) routes: the API key. Everything else reaching SGLang is control plane.
 INFERENCE_PATHS = frozenset({
     "/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/completions", "/inference/v1/generate",

@@ -6,7 +6,7 @@ import dataclasses
 
 from aiohttp import web
 
-from token_proxy.proxy.context import CONTEXT, ProxyContext, new_request_id, now
+from token_proxy.proxy.context import CONTEXT, ProxyContext, header_request_id, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
@@ -43,7 +43,7 @@ async def serve_chat(request: web.Request, ctx: ProxyContext, req: ChatRequest) 
     max_new_tokens = resolve_max_tokens(req.sampling, len(prompt_ids), ctx.max_model_len,
                                         ctx.backend.max_prompt_len)
     meta = ResponseMeta(
-        response_id=new_request_id("chatcmpl", req.request_id or request.headers.get("X-Request-Id")),
+        response_id=new_request_id("chatcmpl", req.request_id or header_request_id(request)),
         created=now(), model=model, prompt_ids=prompt_ids, eos_token_id=ctx.tokenizer_info.eos_token_id,
     )
     stats.backend_rid = meta.response_id

@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from token_proxy.proxy.context import CONTEXT, ProxyContext, new_request_id, now
+from token_proxy.proxy.context import CONTEXT, ProxyContext, header_request_id, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
@@ -28,7 +28,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     max_new = [resolve_max_tokens(req.sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
                for ids in prompt_ids]
     meta = CompletionMeta(
-        response_id=new_request_id("cmpl", req.request_id or request.headers.get("X-Request-Id")), created=now(),
+        response_id=new_request_id("cmpl", req.request_id or header_request_id(request)), created=now(),
         model=model, prompt_ids=prompt_ids, prompt_texts=await _prompt_texts(ctx, req, prompt_ids),
         eos_token_id=ctx.tokenizer_info.eos_token_id,
     )

@@ -98,8 +98,18 @@ SETTINGS = web.AppKey("settings", Settings)
 CONTEXT = web.AppKey("context", ProxyContext)
 
 
+MAX_CLIENT_ID = 256
+
+
 def new_request_id(prefix: str, client_id: str | None) -> str:
     return f"{prefix}-{client_id or uuid.uuid4().hex}"
+
+
+def header_request_id(request: web.Request) -> str | None:
+    """The client's X-Request-Id when usable as an SGLang rid and a response header: printable
+    (no control characters, no undecodable bytes) and at most MAX_CLIENT_ID characters."""
+    given = (request.headers.get("X-Request-Id") or "").strip()[:MAX_CLIENT_ID]
+    return given if given and given.isprintable() else None
 
 
 def now() -> int:

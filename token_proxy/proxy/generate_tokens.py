@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from token_proxy.proxy.context import CONTEXT, new_request_id, now
+from token_proxy.proxy.context import CONTEXT, header_request_id, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
@@ -24,7 +24,7 @@ async def generate_tokens(request: web.Request) -> web.StreamResponse:
     check_seed(ctx, req.sampling)
     max_new_tokens = resolve_max_tokens(req.sampling, len(req.token_ids), ctx.max_model_len,
                                         ctx.backend.max_prompt_len)
-    request_id = new_request_id("generate-tokens", req.request_id or request.headers.get("X-Request-Id"))
+    request_id = new_request_id("generate-tokens", req.request_id or header_request_id(request))
     stats.backend_rid = request_id
     payload = generate_payload(req.token_ids, req.sampling, max_new_tokens, rid=request_id, stream=req.stream,
                                cache_salt=req.cache_salt, priority=req.priority)

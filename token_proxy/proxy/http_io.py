@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from aiohttp import web
 
@@ -10,10 +12,18 @@ from token_proxy.errors import InvalidRequest
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
+# orjson reads 1,024 levels but writes only 254, and the proxy re-encodes parts of a body
+# (prompt-cache keys, JSON schemas): a body it could not write back is refused up front.
+MAX_JSON_DEPTH = 254
+# A client that stops sending mid-body would otherwise hold its admission slot for good.
+BODY_TIMEOUT_S = 60.0
 
 
 async def read_json(request: web.Request) -> dict:
-    raw = await request.read()
+    try:
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     if not raw.strip():
         raise InvalidRequest("The request body is empty; expected a JSON object", param="body")
     try:
@@ -22,7 +32,18 @@ async def read_json(request: web.Request) -> dict:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", param="body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object", param="body")
+    # Only a body with that many brackets can be that deep (token-id lists have few).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not _encodable(body):
+        raise InvalidRequest(f"The request body nests deeper than {MAX_JSON_DEPTH} levels", param="body")
     return body
+
+
+def _encodable(body: dict) -> bool:
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return False
+    return True
 
 
 def json_response(obj, status: int = 200) -> web.Response:

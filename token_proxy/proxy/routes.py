@@ -11,6 +11,7 @@ from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.generate_tokens import generate_tokens
 from token_proxy.proxy.http_io import json_response
 from token_proxy.proxy.metrics import metrics_endpoint
+from token_proxy.proxy.openapi import openapi_json
 from token_proxy.proxy.tokenize import detokenize, tokenize
 
 
@@ -34,6 +35,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    app.router.add_get("/openapi.json", openapi_json)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/chat/completions/tokens", chat_completions_tokens)
     app.router.add_post("/v1/completions", completions)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from token_proxy.schemas.fields import bad, opt_bool, opt_dict, opt_int, opt_list, opt_str
+from token_proxy.schemas.fields import bad, opt_bool, opt_dict, opt_int, opt_list, opt_request_id, opt_str
 from token_proxy.schemas.sampling import SamplingRequest, parse_sampling
 from token_proxy.tokenization.renderer import ChatPrompt
 
@@ -50,7 +50,7 @@ def parse_chat_request(body: object, vocab_size: int) -> ChatRequest:
         prompt=parse_chat_prompt(body),
         sampling=sampling,
         output=output,
-        request_id=opt_str(body, "request_id"),
+        request_id=opt_request_id(body),
         cache_salt=opt_str(body, "cache_salt"),
         priority=opt_int(body, "priority"),
         truncate_prompt_tokens=opt_int(body, "truncate_prompt_tokens", lo=1),
@@ -104,7 +104,7 @@ def _parse_message(index: int, message: object) -> dict:
     if not isinstance(message, dict):
         raise bad("messages", f"message {index} must be an object")
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise bad("messages", f"message {index} has an unknown role {role!r} "
                               f"(expected one of {', '.join(sorted(ROLES))})")
     out = dict(message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from token_proxy.schemas.chat_request import OutputOptions, parse_output_options
-from token_proxy.schemas.fields import bad, opt_bool, opt_int, opt_str, token_id_list
+from token_proxy.schemas.fields import bad, opt_bool, opt_int, opt_request_id, opt_str, token_id_list
 from token_proxy.schemas.sampling import SamplingRequest, parse_sampling
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) completions default; chat's is the rest of the context
@@ -42,7 +42,7 @@ def parse_completion_request(body: dict, vocab_size: int) -> CompletionRequest:
         output=parse_output_options(body),
         echo=echo,
         add_special_tokens=opt_bool(body, "add_special_tokens", True),
-        request_id=opt_str(body, "request_id"),
+        request_id=opt_request_id(body),
         cache_salt=opt_str(body, "cache_salt"),
         priority=opt_int(body, "priority"),
         truncate_prompt_tokens=opt_int(body, "truncate_prompt_tokens", lo=1),

@@ -6,11 +6,16 @@ JSON booleans are not integers here (Python says `True` is an int; OpenAI's sche
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from token_proxy.errors import InvalidRequest
 
 _MISSING = object()
+# Integers go to SGLang as JSON; past 64 bits the proxy could not even encode them.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_REQUEST_ID_CHARS = 256  # the id becomes the X-Request-Id response header
+_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def bad(param: str, message: str) -> InvalidRequest:
@@ -35,7 +40,7 @@ def opt_int(body: dict, key: str, default: int | None = None, *, lo: int | None 
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(key, f"must be an integer, got {_type_name(value)}")
-    _check_range(key, value, lo, hi)
+    _check_range(key, value, INT64_MIN if lo is None else lo, INT64_MAX if hi is None else hi)
     return value
 
 
@@ -59,6 +64,14 @@ def opt_str(body: dict, key: str, default: str | None = None) -> str | None:
         return default
     if not isinstance(value, str):
         raise bad(key, f"must be a string, got {_type_name(value)}")
+    return value
+
+
+def opt_request_id(body: dict, key: str = "request_id") -> str | None:
+    """A client-chosen id: it is sent back as a header, so control characters would break the response."""
+    value = opt_str(body, key)
+    if value is not None and (len(value) > MAX_REQUEST_ID_CHARS or _CONTROL_CHARS.search(value)):
+        raise bad(key, f"must be at most {MAX_REQUEST_ID_CHARS} characters, none of them control characters")
     return value
 
 
@@ -87,6 +100,8 @@ def token_id_list(value: Any, param: str, vocab_size: int, *, allow_empty: bool 
     if not value and not allow_empty:
         raise bad(param, "must not be empty")
     for i, token in enumerate(value):
+        if isinstance(token, float) and token.is_integer():  # 7.0: an integer in JSON, as for opt_int
+            value[i] = token = int(token)
         if isinstance(token, bool) or not isinstance(token, int):
             raise bad(param, f"item {i} must be an integer token id, got {_type_name(token)}")
         if not 0 <= token < vocab_size:

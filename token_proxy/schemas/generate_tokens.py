@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest
 from token_proxy.schemas.chat_response import usage
-from token_proxy.schemas.fields import bad, opt_bool, opt_dict, opt_int, opt_str, token_id_list
+from token_proxy.schemas.fields import (
+    bad, opt_bool, opt_dict, opt_int, opt_request_id, opt_str, token_id_list,
+)
 from token_proxy.schemas.generation import Generation, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, clamp, prompt_logprobs
 from token_proxy.schemas.sampling import SamplingRequest, parse_sampling
@@ -44,7 +46,7 @@ def parse_generate_tokens(body: dict, vocab_size: int) -> GenerateTokensRequest:
         sampling=_nested_sampling(body, vocab_size),
         stream=stream,
         include_usage=stream and opt_bool(options, "include_usage", False),
-        request_id=opt_str(body, "request_id"),
+        request_id=opt_request_id(body),
         cache_salt=opt_str(body, "cache_salt"),
         priority=opt_int(body, "priority"),
     )

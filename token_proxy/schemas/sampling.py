@@ -57,11 +57,12 @@ def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False)
     """
     _refuse_unsupported(body)
     logprobs, top_logprobs = _parse_logprob_count(body) if logprobs_count else _parse_chat_logprobs(body)
+    max_tokens = opt_int(body, _max_tokens_key(body), lo=1)
     return SamplingRequest(
         n=opt_int(body, "n", 1, lo=1, hi=1024),
-        max_tokens=opt_int(body, _max_tokens_key(body), lo=1),
+        max_tokens=max_tokens,
         max_tokens_param=_max_tokens_key(body),
-        min_tokens=opt_int(body, "min_tokens", 0, lo=0),
+        min_tokens=opt_int(body, "min_tokens", 0, lo=0, hi=max_tokens),
         temperature=opt_float(body, "temperature", lo=0.0, hi=2.0),
         top_p=_parse_top_p(body),
         top_k=_parse_top_k(body),
@@ -166,15 +167,28 @@ def _parse_logprob_count(body: dict) -> tuple[bool, int]:
 
 def _parse_constraint(body: dict) -> tuple[str, str] | None:
     fmt = opt_dict(body, "response_format")
-    if fmt is not None:
-        return _constraint_from_response_format(fmt)
-    structured = opt_dict(body, "structured_outputs") or {}
+    from_format = None if fmt is None else _constraint_from_response_format(fmt)
+    from_structured = _constraint_from_structured(opt_dict(body, "structured_outputs") or {})
+    if from_format and from_structured:
+        raise bad("structured_outputs", "give response_format or structured_outputs, not both")
+    return from_format or from_structured
+
+
+def _constraint_from_structured(structured: dict) -> tuple[str, str] | None:
+    given = [k for k in ("json", "regex", "grammar", "choice") if structured.get(k) not in (None, [])]
+    if len(given) > 1:  # as vLLM: a second constraint would be silently ignored
+        raise bad("structured_outputs", f"only one kind of constraint may be given, got {', '.join(given)}")
     for src, dst in (("json", "json_schema"), ("regex", "regex"), ("grammar", "ebnf")):
         value = structured.get(src)
+        if value is not None and src != "json" and not isinstance(value, str):
+            raise bad("structured_outputs", f"structured_outputs.{src} must be a string")
         if value is not None:
             return dst, value if isinstance(value, str) else orjson.dumps(value).decode()
-    if structured.get("choice"):
-        return "regex", "(" + "|".join(_regex_escape(c) for c in structured["choice"]) + ")"
+    choice = structured.get("choice")
+    if choice is not None and not isinstance(choice, list):
+        raise bad("structured_outputs", "structured_outputs.choice must be a list of strings")
+    if choice:
+        return "regex", "(" + "|".join(_regex_escape(c) for c in choice) + ")"
     return None
 
 
