@@ -13,7 +13,6 @@ from token_proxy.schemas.chat_response import ResponseMeta, usage
 from token_proxy.schemas.generation import map_finish
 from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content
 from token_proxy.schemas.stream_deltas import Delta, DeltaTracker
-from token_proxy.schemas.weight_versions import VersionSpans
 
 
 class ChatStreamTranslator:
@@ -25,7 +24,6 @@ class ChatStreamTranslator:
         self._deltas = DeltaTracker(req.sampling, req.sampling.n, incremental,
                                     lambda ids: namer.decode(ids, skip))
         self._eos = None if req.sampling.ignore_eos else meta.eos_token_id
-        self._versions = VersionSpans()  # a choice that spans a weight update reports each version
         # vLLM honours continuous_usage_stats only together with include_usage.
         self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
 
@@ -67,8 +65,6 @@ class ChatStreamTranslator:
             return []
         choice = self._content_choice(delta)
         tokens = self._deltas.choice_tokens(delta.index)
-        new = len(delta.token_ids)
-        self._versions.track(delta.index, delta.meta.get("weight_version"), tokens - new, new)
         if delta.finish is None:
             return [self._chunk(choice, tokens, kv_transfer_params=None)]
         return [self._finish_chunk(choice, delta, tokens)]
@@ -98,7 +94,7 @@ class ChatStreamTranslator:
         choice["finish_reason"] = finish_reason or "stop"
         choice["stop_reason"] = stop_reason
         choice["token_ids"] = choice.pop("token_ids")  # keep vLLM's key order
-        choice["weight_versions"] = self._versions.spans(delta.index, tokens)
+        choice["weight_versions"] = delta.weight_versions
         chunk = self._chunk(choice, tokens)
         if not self._req.output.include_usage:
             chunk["system_fingerprint"] = None  # vLLM puts it on the last message only

@@ -14,6 +14,7 @@ from token_proxy.schemas.completion_request import CompletionRequest
 from token_proxy.schemas.generation import Generation, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, completion_logprobs, prompt_logprobs
 from token_proxy.schemas.stream_deltas import DeltaTracker
+from token_proxy.schemas.weight_versions import whole_output
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ def completion_choice(req: CompletionRequest, meta: CompletionMeta, gen: Generat
     return {"index": gen.index, "text": text, "logprobs": lps, "finish_reason": finish_reason or "stop",
             "stop_reason": stop_reason, "token_ids": gen.token_ids if rti else None, "prompt_logprobs": prompt_lps,
             "prompt_token_ids": meta.prompt_ids[prompt] if rti else None, "routed_experts": None,
-            "weight_versions": None}
+            "weight_versions": whole_output(gen.weight_version, len(gen.token_ids))}
 
 
 def completion_response(req: CompletionRequest, meta: CompletionMeta, gens: list[Generation],
@@ -105,7 +106,7 @@ class CompletionStreamTranslator:
         choice = {"index": delta.index, "text": text, "logprobs": lps, "finish_reason": finish_reason,
                   "stop_reason": stop_reason,
                   "prompt_token_ids": self._meta.prompt_ids[prompt] if rti and delta.first else None,
-                  "token_ids": delta.token_ids if rti else None, "weight_versions": None}
+                  "token_ids": delta.token_ids if rti else None, "weight_versions": delta.weight_versions}
         return [{"id": self._meta.response_id, "object": "text_completion", "created": self._meta.created,
                  "model": self._meta.model, "choices": [choice], "kv_transfer_params": None}]
 

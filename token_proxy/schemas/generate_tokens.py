@@ -18,6 +18,7 @@ from token_proxy.schemas.generation import Generation, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, clamp, prompt_logprobs
 from token_proxy.schemas.sampling import SamplingRequest, parse_sampling
 from token_proxy.schemas.stream_deltas import DeltaTracker
+from token_proxy.schemas.weight_versions import whole_output
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +86,8 @@ def tokens_choice(req: GenerateTokensRequest, gen: Generation, eos_token_id: int
         logprobs = {"content": token_logprobs(gen.meta.get("output_token_logprobs") or [],
                                               gen.meta.get("output_top_logprobs"), req.sampling.top_logprobs)}
     return {"index": gen.index, "finish_reason": finish_reason or "stop", "stop_reason": stop_reason,
-            "token_ids": gen.token_ids, "routed_experts": None, "sampling_mask": None, "weight_versions": None,
-            "logprobs": logprobs}
+            "token_ids": gen.token_ids, "routed_experts": None, "sampling_mask": None,
+            "weight_versions": whole_output(gen.weight_version, len(gen.token_ids)), "logprobs": logprobs}
 
 
 def generate_tokens_response(req: GenerateTokensRequest, request_id: str, model: str, created: int,
@@ -137,6 +138,7 @@ class GenerateStreamTranslator:
         gen = Generation(delta.index, delta.text, delta.token_ids, delta.finish,
                          {"output_token_logprobs": delta.logprobs, "output_top_logprobs": delta.top_logprobs})
         choice = tokens_choice(self._req, gen, self._eos)
+        choice["weight_versions"] = delta.weight_versions
         if delta.finish is None:
             choice["finish_reason"] = None
         chunk = {"request_id": self._request_id, "usage": None}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from token_proxy.schemas.sampling import SamplingRequest
+from token_proxy.schemas.weight_versions import VersionSpans
 
 REPLACEMENT = "\ufffd"
 
@@ -26,6 +27,7 @@ class Delta:
     finish: dict | None  # SGLang's finish_reason, on a choice's last delta
     first: bool  # the choice's first delta
     meta: dict  # the event's meta_info (e.g. prompt logprobs)
+    weight_versions: list[dict] | None = None  # on a choice's last delta: vLLM's spans
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class DeltaTracker:
         self.cached_tokens = 0
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
+        self._versions = VersionSpans()  # a choice that spans a weight update reports each version
 
     @property
     def done(self) -> bool:
@@ -83,9 +86,11 @@ class DeltaTracker:
         text = self._releasable(state, finish)
         if not ids and not text and finish is None:
             return None
+        self._versions.track(index, meta.get("weight_version"), state.ids_seen - len(ids), len(ids))
         first, state.started = not state.started, True
         state.finished = finish is not None
-        return Delta(index, text, ids, logprobs, top, finish, first, meta)
+        versions = self._versions.spans(index, state.ids_seen) if state.finished else None
+        return Delta(index, text, ids, logprobs, top, finish, first, meta, versions)
 
     def _new_items(self, items: list, seen: int) -> list:
         return items if self._incremental else items[seen:]
