@@ -252,3 +252,13 @@ async def test_real_weight_update_route_through_the_proxy(sim, proxy):
     updates = "token_proxy_weight_updates_total"
     assert delta(before, after, updates, endpoint="/update_weights_from_disk", result="success") == 1
     assert delta(before, after, updates, endpoint="/update_weights_from_disk", result="failure") == 1
+
+
+async def test_a_stream_that_fails_after_its_200_counts_as_a_backend_error(make_sim, make_proxy):
+    sim = await make_sim(tpot_s=3.0)
+    proxy = await make_proxy(sim, stream_idle_timeout_s=0.2)
+    resp = await proxy.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                          "max_tokens": 20, "ignore_eos": True, "stream": True})
+    assert resp.status == 200 and b'"code":504' in await resp.read()
+    text = await (await proxy.get("/metrics")).text()
+    assert 'token_proxy_backend_errors_total{endpoint="/v1/chat/completions",kind="timeout"} 1.0' in text

@@ -127,8 +127,9 @@ class ProxyMetrics:
                 self.render.observe(stats.render_s)
         if overloaded:
             self.child(self.overloaded, endpoint).inc()
-        elif status in _BACKEND_ERROR_KINDS:
-            self.child(self.backend_errors, endpoint, _BACKEND_ERROR_KINDS[status]).inc()
+        elif (stats.stream_error_status or status) in _BACKEND_ERROR_KINDS:  # in-stream failures too
+            kind = _BACKEND_ERROR_KINDS[stats.stream_error_status or status]
+            self.child(self.backend_errors, endpoint, kind).inc()
         if stats.client_disconnected or status == CLIENT_CLOSED:
             self.child(self.disconnects, endpoint).inc()
         if stats.weight_version and stats.weight_version != self.current_weight_version:

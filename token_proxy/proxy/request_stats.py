@@ -23,6 +23,8 @@ class RequestStats:
     first_token_at: float | None = None  # perf_counter() when the first output reached the client
     finished_at: float | None = None
     client_disconnected: bool = False
+    # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
+    stream_error_status: int | None = None
 
     def mark_first_token(self) -> None:
         if self.first_token_at is None:

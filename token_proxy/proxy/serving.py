@@ -67,6 +67,7 @@ async def stream_translated(request: web.Request, ctx: ProxyContext, payload: di
         except ProxyError as exc:
             if isinstance(exc, BackendTimeout):
                 abort_all_of(ctx, rids)
+            stats.stream_error_status = exc.status
             await response.write(sse_frames([exc.body()]) + DONE)
         finally:
             _record_stream(stats, translator)
