@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -59,12 +60,12 @@ def free_port() -> int:
 def start(cmd: list[str], url: str) -> subprocess.Popen:
     """Start a server and wait for its /health. Its output goes to a file: a pipe nobody reads
     would fill up and stall the server."""
-    log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)  # noqa: SIM115 (the child writes it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     end = time.monotonic() + 180
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise SystemExit(f"{cmd} exited: {open(log.name).read()[-2000:]}")
+            raise SystemExit(f"{cmd} exited: {Path(log.name).read_text()[-2000:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -132,7 +133,7 @@ async def drive(label, base, kind, ids, stream, concurrency, n) -> Result:
                     total, ttft = await one(session, url, body, stream)
                     lat.append(total)
                     ttfts.append(ttft)
-                except Exception as exc:  # counted, not hidden
+                except Exception as exc:  # noqa: BLE001 - counted and shown, not hidden
                     errors += 1
                     print(f"  error on {label}: {exc}", file=sys.stderr)
 

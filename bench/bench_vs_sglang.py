@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start  # noqa: E402
+from bench_proxy import free_port, start
 
 MAX_NEW = 128
 
@@ -112,7 +112,7 @@ async def drive(url, path, pool, stream, concurrency, n, model, pool_ids, flush_
                     latencies.append(total)
                     ttfts.append(ttft)
                     tokens += produced
-                except Exception as exc:  # counted and shown, never hidden
+                except Exception as exc:  # noqa: BLE001 - counted and shown, never hidden
                     errors += 1
                     print(f"  error: {exc}", file=sys.stderr)
 

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start  # noqa: E402
+from bench_proxy import free_port, start
 
 USER = [{"role": "user", "content": "Write a haiku about token ids."}]
 PROMPT_IDS = [151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198, 151644, 77091, 198]

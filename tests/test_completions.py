@@ -133,10 +133,11 @@ async def test_tokenize_chat_and_plain_and_detokenize(proxy, hf_tokenizer):
 
 async def test_completions_and_generate_carry_weight_versions(proxy):
     status, body = await post(proxy, "/v1/completions", {"prompt": FOX, "max_tokens": 3, "ignore_eos": True})
+    assert status == 200
     assert body["choices"][0]["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
     chunks = await sse(proxy, "/v1/completions", {"prompt": FOX, "max_tokens": 3, "ignore_eos": True})
     last = [c for c in chunks if c["choices"]][-1]["choices"][0]
     assert last["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
-    status, body = await post(proxy, "/inference/v1/generate", {"token_ids": FOX,
-                                                                "sampling_params": {"max_tokens": 2, "ignore_eos": True}})
+    _, body = await post(proxy, "/inference/v1/generate", {"token_ids": FOX,
+                                                           "sampling_params": {"max_tokens": 2, "ignore_eos": True}})
     assert body["choices"][0]["weight_versions"] == [{"version": "default", "start": 0, "end": 2}]

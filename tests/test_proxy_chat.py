@@ -36,9 +36,8 @@ async def sse(client, body):
 
 
 async def sim_generate(sim, payload):
-    async with aiohttp.ClientSession() as session:
-        async with session.post(sim.make_url("/generate"), json=payload) as resp:
-            return await resp.json()
+    async with aiohttp.ClientSession() as session, session.post(sim.make_url("/generate"), json=payload) as resp:
+        return await resp.json()
 
 
 async def test_prompt_ids_are_the_template_rendering_and_token_ids_the_engines(proxy, sim, hf_tokenizer):
@@ -136,11 +135,12 @@ async def test_ignore_eos_keeps_stop_token_ids_working_as_in_vllm(proxy, sim, hf
 async def test_stop_string_is_reported_and_trimmed(proxy, hf_tokenizer):
     status, body = await post(proxy, {"messages": USER, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
                                       "return_token_ids": True})
+    assert status == 200
     full = body["choices"][0]["message"]["content"]
     stop = full[3:5]
     assert stop and stop in full
-    status, body = await post(proxy, {"messages": USER, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-                                      "return_token_ids": True, "stop": [stop]})
+    _, body = await post(proxy, {"messages": USER, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                 "return_token_ids": True, "stop": [stop]})
     choice = body["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
     assert choice["message"]["content"] == full[: full.index(stop)]

@@ -63,13 +63,12 @@ def servers(tokenizer_dir):
 
 async def stream(url: str, max_tokens: int) -> bytes:
     body = {"messages": USER, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url + "/v1/chat/completions", json=body) as resp:
-            assert resp.status == 200
-            try:
-                return await resp.read()
-            except aiohttp.ClientPayloadError:
-                return b"<cut>"
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        try:
+            return await resp.read()
+        except aiohttp.ClientPayloadError:
+            return b"<cut>"
 
 
 def sim_running(sim: str) -> int:
@@ -78,7 +77,7 @@ def sim_running(sim: str) -> int:
 
 
 async def test_sigterm_lets_in_flight_streams_finish_then_exits_zero(servers):
-    sim, proxy_url, proxy = servers(shutdown_timeout=10.0)
+    _, proxy_url, proxy = servers(shutdown_timeout=10.0)
     task = asyncio.ensure_future(stream(proxy_url, 60))  # ~1.2 s of tokens
     await asyncio.sleep(0.3)
     proxy.send_signal(signal.SIGTERM)
@@ -87,7 +86,7 @@ async def test_sigterm_lets_in_flight_streams_finish_then_exits_zero(servers):
     assert b'"finish_reason":"length"' in raw
     assert await asyncio.to_thread(proxy.wait, 15) == 0
     with pytest.raises(OSError):  # no longer accepting
-        urllib.request.urlopen(proxy_url + "/health", timeout=1)
+        await asyncio.to_thread(urllib.request.urlopen, proxy_url + "/health", timeout=1)
 
 
 async def test_sigterm_deadline_aborts_what_is_left_in_sglang(servers):

@@ -160,10 +160,9 @@ def _wait_for_health(url: str, proc: subprocess.Popen, deadline_s: float) -> Non
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise SystemExit(f"the simulator exited with status {proc.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+            if resp.status == 200:
+                return
         time.sleep(0.2)
     raise SystemExit(f"the simulator at {url} did not become healthy in {deadline_s:.0f} s")
 

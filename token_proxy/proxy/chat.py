@@ -12,8 +12,8 @@ from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
 from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
 from token_proxy.schemas.chat_response import ResponseMeta, chat_response
-from token_proxy.schemas.fields import token_id_list
 from token_proxy.schemas.chat_stream import ChatStreamTranslator
+from token_proxy.schemas.fields import token_id_list
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.sglang_payload import generate_payload, resolve_max_tokens
 

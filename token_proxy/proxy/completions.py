@@ -11,7 +11,11 @@ from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
 from token_proxy.schemas.completion_request import CompletionRequest, parse_completion_request
-from token_proxy.schemas.completion_response import CompletionMeta, CompletionStreamTranslator, completion_response
+from token_proxy.schemas.completion_response import (
+    CompletionMeta,
+    CompletionStreamTranslator,
+    completion_response,
+)
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.sglang_payload import batch_payload, resolve_max_tokens
 

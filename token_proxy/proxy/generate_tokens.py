@@ -9,7 +9,9 @@ from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.request_stats import stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
 from token_proxy.schemas.generate_tokens import (
-    GenerateStreamTranslator, generate_tokens_response, parse_generate_tokens,
+    GenerateStreamTranslator,
+    generate_tokens_response,
+    parse_generate_tokens,
 )
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.sglang_payload import generate_payload, resolve_max_tokens

@@ -14,7 +14,11 @@ import aiohttp
 import orjson
 
 from token_proxy.errors import (
-    BackendError, BackendTimeout, BackendUnavailable, InvalidRequest, ProxyError,
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidRequest,
+    ProxyError,
 )
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from token_proxy.errors import InvalidRequest
 from token_proxy.schemas.chat_response import usage
 from token_proxy.schemas.fields import (
-    bad, opt_bool, opt_dict, opt_int, opt_request_id, opt_str, token_id_list,
+    bad,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_request_id,
+    opt_str,
+    token_id_list,
 )
 from token_proxy.schemas.generation import Generation, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, clamp, prompt_logprobs

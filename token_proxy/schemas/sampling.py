@@ -8,7 +8,12 @@ import orjson
 
 from token_proxy.errors import InvalidRequest
 from token_proxy.schemas.fields import (
-    bad, opt_bool, opt_dict, opt_float, opt_int, token_id_list,
+    bad,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    token_id_list,
 )
 
 MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs

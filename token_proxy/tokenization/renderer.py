@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections import OrderedDict
 from concurrent.futures import Executor
-import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
