@@ -23,6 +23,7 @@ from token_proxy.proxy.admin_workers import (
     failure_status,
 )
 from token_proxy.proxy.context import CONTEXT
+from token_proxy.proxy.http_io import parse_json_object
 
 SHORT_TIMEOUT_S = 30.0
 
@@ -177,15 +178,7 @@ def _as_is(reply: WorkerReply) -> web.Response:
 
 
 def _json_object(raw: bytes) -> dict:
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}", param="body") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object", param="body")
-    return body
+    return parse_json_object(raw) if raw.strip() else {}
 
 
 def _version(value) -> str | None:

@@ -26,15 +26,20 @@ async def read_json(request: web.Request) -> dict:
         raise web.HTTPRequestTimeout(text=f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
     if not raw.strip():
         raise InvalidRequest("The request body is empty; expected a JSON object", param="body")
+    body = parse_json_object(raw)
+    # Only a body with that many brackets can be that deep (token-id lists have few).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not _encodable(body):
+        raise InvalidRequest(f"The request body nests deeper than {MAX_JSON_DEPTH} levels", param="body")
+    return body
+
+
+def parse_json_object(raw: bytes) -> dict:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}", param="body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object", param="body")
-    # Only a body with that many brackets can be that deep (token-id lists have few).
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not _encodable(body):
-        raise InvalidRequest(f"The request body nests deeper than {MAX_JSON_DEPTH} levels", param="body")
     return body
 
 

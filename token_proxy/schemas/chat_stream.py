@@ -12,10 +12,10 @@ from token_proxy.schemas.chat_request import ChatRequest
 from token_proxy.schemas.chat_response import ResponseMeta, usage
 from token_proxy.schemas.generation import map_finish
 from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content
-from token_proxy.schemas.stream_deltas import Delta, DeltaTracker
+from token_proxy.schemas.stream_deltas import Delta, DeltaTracker, StreamTranslator
 
 
-class ChatStreamTranslator:
+class ChatStreamTranslator(StreamTranslator):
     def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer, incremental: bool):
         self._req = req
         self._meta = meta
@@ -26,26 +26,6 @@ class ChatStreamTranslator:
         self._eos = None if req.sampling.ignore_eos else meta.eos_token_id
         # vLLM honours continuous_usage_stats only together with include_usage.
         self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
-
-    @property
-    def completion_tokens(self) -> int:
-        return self._deltas.completion_tokens
-
-    @property
-    def cached_tokens(self) -> int:
-        return self._deltas.cached_tokens
-
-    @property
-    def weight_version(self) -> str | None:
-        return self._deltas.weight_version
-
-    @property
-    def cut_short(self) -> bool:
-        return self._deltas.cut_short
-
-    @property
-    def done(self) -> bool:
-        return self._deltas.done
 
     def start(self) -> list[dict]:
         """One role chunk per choice, each carrying the prompt ids (null unless asked)."""

@@ -13,7 +13,7 @@ from token_proxy.schemas.chat_response import usage
 from token_proxy.schemas.completion_request import CompletionRequest
 from token_proxy.schemas.generation import Generation, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, completion_logprobs, prompt_logprobs
-from token_proxy.schemas.stream_deltas import DeltaTracker
+from token_proxy.schemas.stream_deltas import DeltaTracker, StreamTranslator
 from token_proxy.schemas.weight_versions import whole_output
 
 
@@ -71,7 +71,7 @@ def completion_response(req: CompletionRequest, meta: CompletionMeta, gens: list
     }
 
 
-class CompletionStreamTranslator:
+class CompletionStreamTranslator(StreamTranslator):
     """Stream deltas -> vLLM's text_completion chunks (no role chunk; prompt ids on a choice's first)."""
 
     def __init__(self, req: CompletionRequest, meta: CompletionMeta, namer: TokenNamer, incremental: bool):
@@ -82,12 +82,6 @@ class CompletionStreamTranslator:
         skip = req.sampling.skip_special_tokens
         self._deltas = DeltaTracker(req.sampling, choices, incremental, lambda ids: namer.decode(ids, skip))
         self._offsets = [0] * choices  # text offset of each choice's next logprob token
-
-    def __getattr__(self, name):  # done, cut_short, completion_tokens, cached_tokens, weight_version
-        return getattr(self._deltas, name)
-
-    def start(self) -> list[dict]:
-        return []
 
     def feed(self, event: dict) -> list[dict]:
         delta = self._deltas.feed(event)

@@ -23,7 +23,7 @@ from token_proxy.schemas.fields import (
 from token_proxy.schemas.generation import Generation, map_finish
 from token_proxy.schemas.logprobs import TokenNamer, clamp, prompt_logprobs
 from token_proxy.schemas.sampling import SamplingRequest, parse_sampling
-from token_proxy.schemas.stream_deltas import DeltaTracker
+from token_proxy.schemas.stream_deltas import DeltaTracker, StreamTranslator
 from token_proxy.schemas.weight_versions import whole_output
 
 
@@ -121,7 +121,7 @@ def generate_tokens_response(req: GenerateTokensRequest, request_id: str, model:
     }
 
 
-class GenerateStreamTranslator:
+class GenerateStreamTranslator(StreamTranslator):
     """Stream deltas -> vLLM's generate-tokens chunks (prompt ids on the first chunk only)."""
 
     def __init__(self, req: GenerateTokensRequest, request_id: str, eos_token_id: int | None, incremental: bool):
@@ -130,12 +130,6 @@ class GenerateStreamTranslator:
         self._eos = eos_token_id
         self._deltas = DeltaTracker(req.sampling, req.sampling.n, incremental, lambda ids: "")
         self._sent_first = False
-
-    def __getattr__(self, name):  # done, cut_short, completion_tokens, cached_tokens, weight_version
-        return getattr(self._deltas, name)
-
-    def start(self) -> list[dict]:
-        return []
 
     def feed(self, event: dict) -> list[dict]:
         delta = self._deltas.feed(event)

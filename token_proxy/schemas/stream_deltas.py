@@ -133,3 +133,33 @@ class DeltaTracker:
         state.text = self._decode(state.ids[:-1])
         self.cut_short = True
         return ids[: cut + 1], logprobs[: cut + 1], top[: cut + 1], {"type": "stop", "matched": ids[cut]}
+
+
+class StreamTranslator:
+    """What the stream relay reads of every endpoint's translator; subclasses format the deltas."""
+
+    _deltas: DeltaTracker
+
+    @property
+    def done(self) -> bool:
+        return self._deltas.done
+
+    @property
+    def cut_short(self) -> bool:
+        return self._deltas.cut_short
+
+    @property
+    def completion_tokens(self) -> int:
+        return self._deltas.completion_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._deltas.cached_tokens
+
+    @property
+    def weight_version(self) -> str | None:
+        return self._deltas.weight_version
+
+    def start(self) -> list[dict]:
+        """Chunks before any output (chat's role chunks); none by default."""
+        return []
