@@ -141,8 +141,10 @@ def simulator_process(settings: Settings):
     """The built-in simulator on a free loopback port, in a child process so it never shares the
     proxy's event loop."""
     port = _free_port()
+    # Configured as the README recommends for SGLang itself: deltas in streams, seeds honoured.
     cmd = [sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(port),
-           "--ttft-ms", str(settings.sim_ttft_ms), "--tpot-ms", str(settings.sim_tpot_ms)]
+           "--ttft-ms", str(settings.sim_ttft_ms), "--tpot-ms", str(settings.sim_tpot_ms),
+           "--incremental-streaming-output", "--enable-deterministic-inference"]
     if settings.context_length:
         cmd += ["--context-length", str(settings.context_length)]
     if settings.tokenizer:
