@@ -27,11 +27,16 @@ def sim_process(tokenizer_dir, *args: str):
         assert line.startswith("SGLang simulator ready on "), line
         yield line.split(" on ", 1)[1].strip()
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 async def until(predicate, timeout: float = 5.0) -> None:

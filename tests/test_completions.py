@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from token_proxy.simulator import SIM_STATE
+from token_proxy.simulator.testing import stream_events
 
 PROMPT = [151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198, 151644, 77091, 198]
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]  # "The quick brown fox jumps over the lazy dog."
@@ -21,9 +22,7 @@ async def post(client, path, body):
 async def sse(client, path, body):
     resp = await client.post(path, data=orjson.dumps({**body, "stream": True}))
     assert resp.status == 200
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    return [orjson.loads(f) for f in frames[:-1]]
+    return stream_events(await resp.read())
 
 
 async def test_text_prompt_defaults_to_16_tokens_and_returns_ids_per_choice(proxy, sim, hf_tokenizer):

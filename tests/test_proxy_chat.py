@@ -7,6 +7,7 @@ import orjson
 import pytest
 
 from token_proxy.simulator import SIM_STATE
+from token_proxy.simulator.testing import stream_events
 
 EOS = 151645
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -29,10 +30,7 @@ async def sse(client, body):
     resp = await client.post("/v1/chat/completions", data=orjson.dumps({**body, "stream": True}))
     assert resp.status == 200, await resp.text()
     assert resp.headers["Content-Type"].startswith("text/event-stream")
-    raw = (await resp.read()).decode()
-    frames = [f[len("data: "):] for f in raw.split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    return [orjson.loads(f) for f in frames[:-1]]
+    return stream_events(await resp.read())
 
 
 async def sim_generate(sim, payload):

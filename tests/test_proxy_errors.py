@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from token_proxy.simulator import SIM_STATE
+from token_proxy.simulator.testing import stream_events
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -202,9 +203,7 @@ async def test_sglang_error_mid_stream_becomes_an_error_chunk_then_done(aiohttp_
     proxy = await make_proxy(backend, served_model_name="fake")
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"messages": USER, "stream": True}))
     assert resp.status == 200
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    last = orjson.loads(frames[-2])
+    last = stream_events(await resp.read())[-1]
     assert last["error"]["code"] == 502 and "scheduler exploded" in last["error"]["message"]
 
 
@@ -233,9 +232,7 @@ async def test_stream_cut_short_by_sglang_ends_with_error_chunk(aiohttp_server, 
     backend = await _fake_backend(aiohttp_server, [b"data: " + orjson.dumps(first) + b"\n\n"])
     proxy = await make_proxy(backend, served_model_name="fake")
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"messages": USER, "stream": True}))
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    assert "before every choice finished" in orjson.loads(frames[-2])["error"]["message"]
+    assert "before every choice finished" in stream_events(await resp.read())[-1]["error"]["message"]
 
 
 async def _wait_until_idle(state):
@@ -261,9 +258,7 @@ async def test_stalled_stream_ends_with_a_timeout_chunk_and_is_aborted(make_sim,
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(
         {"messages": USER, "max_tokens": 50, "ignore_eos": True, "stream": True}))
     assert resp.status == 200
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    error = orjson.loads(frames[-2])["error"]
+    error = stream_events(await resp.read())[-1]["error"]
     assert error["code"] == 504 and "stalled" in error["message"]
     state = sim.app[SIM_STATE]
     await _wait_until_idle(state)
@@ -317,9 +312,7 @@ async def test_sglang_killed_mid_request_then_restarted(tokenizer_dir, make_prox
         await asyncio.sleep(0.3)
         proc.kill()
         resp = await in_flight
-        frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-        assert frames[-1] == "[DONE]"
-        assert orjson.loads(frames[-2])["error"]["code"] == 503
+        assert stream_events(await resp.read())[-1]["error"]["code"] == 503
         status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
         assert_error(status, body, 503, contains="unreachable")
         assert (await proxy.get("/health")).status == 503

@@ -9,7 +9,7 @@ import sys
 
 import aiohttp
 import pytest
-from admin_fixtures import free_port
+from admin_fixtures import free_port, stop_process
 
 from token_proxy.proxy.admin_workers import ADMIN
 from token_proxy.simulator import SIM_STATE
@@ -50,11 +50,7 @@ async def router(make_sim, tokenizer_dir):
         await wait_for_workers(f"http://127.0.0.1:{port}", 2, process)
         yield f"http://127.0.0.1:{port}", sims, urls
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
 
 
 async def test_admin_calls_reach_every_worker_behind_the_router(router, make_proxy, tmp_path):

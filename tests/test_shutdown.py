@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ import urllib.request
 
 import aiohttp
 import pytest
+from admin_fixtures import free_port
 
 USER = [{"role": "user", "content": "hi"}]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen) -> None:

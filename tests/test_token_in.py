@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from token_proxy.simulator import SIM_STATE
+from token_proxy.simulator.testing import stream_events
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = [151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198, 151644, 77091, 198]
@@ -128,9 +129,7 @@ async def test_streaming_generate_matches_non_streaming(proxy):
                                                      "logprobs": 0, "ignore_eos": True},
             "stream": True, "stream_options": {"include_usage": True}}
     resp = await proxy.post("/inference/v1/generate", data=orjson.dumps(body))
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    chunks = [orjson.loads(f) for f in frames[:-1]]
+    chunks = stream_events(await resp.read())
     assert chunks[0]["prompt_token_ids"] == PROMPT
     assert all("prompt_token_ids" not in c for c in chunks[1:])
     ids = [t for c in chunks if c["choices"] for t in c["choices"][0]["token_ids"]]

@@ -10,6 +10,8 @@ import math
 import orjson
 import pytest
 
+from token_proxy.simulator.testing import stream_events
+
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -21,9 +23,7 @@ async def post(client, path, body):
 async def sse(client, path, body):
     resp = await client.post(path, data=orjson.dumps({**body, "stream": True}))
     assert resp.status == 200, await resp.text()
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    return [orjson.loads(f) for f in frames[:-1]]
+    return stream_events(await resp.read())
 
 
 def rendered(tokenizer, messages, **kwargs):

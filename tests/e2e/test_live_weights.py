@@ -14,6 +14,8 @@ import textwrap
 import orjson
 import pytest
 
+from token_proxy.simulator.testing import stream_events
+
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -41,9 +43,7 @@ async def stream(proxy, max_tokens: int) -> list[dict]:
         "messages": USER, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
         "return_token_ids": True}))
     assert resp.status == 200
-    frames = [f[6:] for f in (await resp.read()).decode().split("\n\n") if f]
-    assert frames[-1] == "[DONE]"
-    return [orjson.loads(f) for f in frames[:-1]]
+    return stream_events(await resp.read())
 
 
 @pytest.fixture

@@ -16,3 +16,11 @@ def parse_sse(raw: bytes) -> list:
         payload = frame[len(b"data: ") :]
         events.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
     return events
+
+
+def stream_events(raw: bytes) -> list:
+    """The events of an SSE body that must end with `data: [DONE]` (ValueError otherwise)."""
+    events = parse_sse(raw)
+    if not events or events[-1] != "[DONE]":
+        raise ValueError("SSE body does not end with data: [DONE]")
+    return events[:-1]
