@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--incremental", action="store_true", help="simulate --incremental-streaming-output")
     args = parser.parse_args()
 
-    from token_proxy.tokenization.builtin import ensure_builtin_tokenizer
+    from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
 
     tok_dir = str(ensure_builtin_tokenizer())
     ids = prompt_ids(tok_dir)

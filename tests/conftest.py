@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from token_proxy.tokenization.builtin import ensure_builtin_tokenizer
+from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +25,7 @@ def hf_tokenizer(tokenizer_dir):
 @pytest.fixture
 def shared_tokenizer(monkeypatch, hf_tokenizer):
     """Every proxy app in a test session reuses one loaded tokenizer (loading takes ~2 s)."""
-    monkeypatch.setattr("token_proxy.proxy.engine.load_tokenizer", lambda path: hf_tokenizer)
+    monkeypatch.setattr("token_proxy.proxy.upstream.connect.load_tokenizer", lambda path: hf_tokenizer)
     return hf_tokenizer
 
 

@@ -10,7 +10,7 @@ import re
 import orjson
 import pytest
 
-from token_proxy.proxy.access_log import ACCESS_LOGGER, JsonFormatter, configure_logging
+from token_proxy.proxy.ops.access_log import ACCESS_LOGGER, JsonFormatter, configure_logging
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from token_proxy.proxy.metrics import METRICS, UNMATCHED
+from token_proxy.proxy.ops.metrics import METRICS, UNMATCHED
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"

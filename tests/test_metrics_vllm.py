@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import until
 
-from token_proxy.proxy.vllm_metrics import BackendMetrics, derive, parse_sglang
+from token_proxy.proxy.ops.vllm_metrics import BackendMetrics, derive, parse_sglang
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import metrics_text, set_sglang_metrics
 

@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.request
 
-from token_proxy.proxy.access_log import configure_logging
+from token_proxy.proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
 
 log = logging.getLogger("token_proxy")

@@ -40,7 +40,7 @@ def live_proxy(aiohttp_client, monkeypatch, live_tokenizer, sglang_url):
     from token_proxy.proxy.app import create_app
     from token_proxy.settings import Settings
 
-    monkeypatch.setattr("token_proxy.proxy.engine.load_tokenizer", lambda path: live_tokenizer)
+    monkeypatch.setattr("token_proxy.proxy.upstream.connect.load_tokenizer", lambda path: live_tokenizer)
 
     async def factory(**overrides):
         settings = Settings(backend_url=sglang_url, backend_wait_s=60.0, **overrides)

@@ -9,14 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 
-from token_proxy.proxy.admission import ADMISSION, Admission, admission_control
-from token_proxy.proxy.auth import ACCESS, AccessPolicy, access_control
-from token_proxy.proxy.context import CONTEXT, SETTINGS, ProxyContext
-from token_proxy.proxy.engine import connect_engine
-from token_proxy.proxy.metrics import add_observability, observe_requests
-from token_proxy.proxy.middleware import openai_errors
+from token_proxy.proxy.ops.admission import ADMISSION, Admission, admission_control
+from token_proxy.proxy.ops.auth import ACCESS, AccessPolicy, access_control
+from token_proxy.proxy.ops.metrics import add_observability, observe_requests
+from token_proxy.proxy.ops.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
-from token_proxy.proxy.sglang_client import SGLangClient
+from token_proxy.proxy.upstream.client import SGLangClient
+from token_proxy.proxy.upstream.connect import connect_engine
+from token_proxy.proxy.upstream.context import CONTEXT, SETTINGS, ProxyContext
 from token_proxy.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from token_proxy.proxy.admin import add_admin_routes
-from token_proxy.proxy.chat import chat_completions, chat_completions_tokens
-from token_proxy.proxy.completions import completions
-from token_proxy.proxy.context import CONTEXT
-from token_proxy.proxy.generate_tokens import generate_tokens
+from token_proxy.proxy.admin.routes import add_admin_routes
+from token_proxy.proxy.endpoints.chat import chat_completions, chat_completions_tokens
+from token_proxy.proxy.endpoints.completions import completions
+from token_proxy.proxy.endpoints.generate import generate_tokens
+from token_proxy.proxy.endpoints.tokenize import detokenize, tokenize
 from token_proxy.proxy.http_io import json_response
-from token_proxy.proxy.metrics import metrics_endpoint
-from token_proxy.proxy.openapi import openapi_json
-from token_proxy.proxy.tokenize import detokenize, tokenize
+from token_proxy.proxy.ops.metrics import metrics_endpoint
+from token_proxy.proxy.ops.openapi import openapi_json
+from token_proxy.proxy.upstream.context import CONTEXT
 
 
 async def list_models(request: web.Request) -> web.Response:

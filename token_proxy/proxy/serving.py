@@ -7,10 +7,10 @@ import contextlib
 from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, InvalidRequest, NotFound, ProxyError
-from token_proxy.proxy.context import ProxyContext
 from token_proxy.proxy.http_io import DONE, open_sse, sse_frames
 from token_proxy.proxy.request_stats import RequestStats, stats_of
-from token_proxy.proxy.upstream import abort_all_of, aborting_on_exit
+from token_proxy.proxy.upstream.aborts import abort_all_of, aborting_on_exit
+from token_proxy.proxy.upstream.context import ProxyContext
 from token_proxy.schemas.generation import Generation, generations
 from token_proxy.schemas.sampling import SamplingRequest
 from token_proxy.schemas.sglang_payload import payload_rids

@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     tokenizer = args.tokenizer
     if tokenizer is None:
-        from token_proxy.tokenization.builtin import ensure_builtin_tokenizer
+        from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
 
         tokenizer = str(ensure_builtin_tokenizer())
     return SimConfig(

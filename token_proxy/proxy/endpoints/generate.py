@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from token_proxy.proxy.context import CONTEXT, header_request_id, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
 from token_proxy.proxy.request_stats import stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
+from token_proxy.proxy.upstream.context import CONTEXT
 from token_proxy.schemas.generate_tokens import (
     GenerateStreamTranslator,
     generate_tokens_response,

@@ -14,12 +14,12 @@ from pathlib import Path
 from aiohttp import web
 
 from token_proxy.errors import InvalidRequest, ProxyError
-from token_proxy.proxy import admin_checks as check
-from token_proxy.proxy.admin_flush import safe_flush, settle_owed_flushes
-from token_proxy.proxy.admin_forward import add_forward_routes, add_passthrough, group_bodies, note_pause
-from token_proxy.proxy.admin_workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
-from token_proxy.proxy.context import CONTEXT
+from token_proxy.proxy.admin import checks as check
+from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes
+from token_proxy.proxy.admin.forward import add_forward_routes, add_passthrough, group_bodies, note_pause
+from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
 from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.proxy.upstream.context import CONTEXT
 
 log = logging.getLogger(__name__)
 

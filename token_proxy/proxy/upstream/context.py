@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -17,8 +16,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable
-from token_proxy.proxy.backend import BackendInfo
-from token_proxy.proxy.sglang_client import SGLangClient
+from token_proxy.proxy.upstream.client import SGLangClient
+from token_proxy.proxy.upstream.discovery import BackendInfo
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import TokenizerInfo
 from token_proxy.tokenization.renderer import PromptRenderer
@@ -96,21 +95,3 @@ class ProxyContext:
 
 SETTINGS = web.AppKey("settings", Settings)
 CONTEXT = web.AppKey("context", ProxyContext)
-
-
-MAX_CLIENT_ID = 256
-
-
-def new_request_id(prefix: str, client_id: str | None) -> str:
-    return f"{prefix}-{client_id or uuid.uuid4().hex}"
-
-
-def header_request_id(request: web.Request) -> str | None:
-    """The client's X-Request-Id when usable as an SGLang rid and a response header: printable
-    (no control characters, no undecodable bytes) and at most MAX_CLIENT_ID characters."""
-    given = (request.headers.get("X-Request-Id") or "").strip()[:MAX_CLIENT_ID]
-    return given if given and given.isprintable() else None
-
-
-def now() -> int:
-    return int(time.time())

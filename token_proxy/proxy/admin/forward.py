@@ -12,9 +12,9 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from token_proxy.errors import InvalidRequest, NotFound
-from token_proxy.proxy import admin_checks as check
-from token_proxy.proxy.admin_flush import safe_flush, settle_owed_flushes
-from token_proxy.proxy.admin_workers import (
+from token_proxy.proxy.admin import checks as check
+from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes
+from token_proxy.proxy.admin.workers import (
     ADMIN,
     AdminPlane,
     StepResult,
@@ -22,8 +22,8 @@ from token_proxy.proxy.admin_workers import (
     WorkerReply,
     failure_status,
 )
-from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.http_io import parse_json_object
+from token_proxy.proxy.upstream.context import CONTEXT
 
 SHORT_TIMEOUT_S = 30.0
 

@@ -13,8 +13,8 @@ from typing import NamedTuple
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable
-from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.http_io import json_response
+from token_proxy.proxy.upstream.context import CONTEXT
 from token_proxy.schemas.chat_request import ROLES
 from token_proxy.schemas.completion_request import MAX_PROMPTS
 from token_proxy.schemas.fields import INT64_MAX, INT64_MIN, MAX_REQUEST_ID_CHARS

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
-from token_proxy.proxy.sglang_client import SGLangClient
+from token_proxy.proxy.upstream.client import SGLangClient
 from token_proxy.settings import Settings
 
 log = logging.getLogger(__name__)

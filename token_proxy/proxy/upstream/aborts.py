@@ -7,8 +7,8 @@ import contextlib
 import logging
 
 from token_proxy.errors import BackendTimeout
-from token_proxy.proxy.context import ProxyContext
 from token_proxy.proxy.request_stats import RequestStats
+from token_proxy.proxy.upstream.context import ProxyContext
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import logging
 import time
 
 from token_proxy.errors import ProxyError
-from token_proxy.proxy.backend import discover
-from token_proxy.proxy.context import Engine, ProxyContext
+from token_proxy.proxy.upstream.context import Engine, ProxyContext
+from token_proxy.proxy.upstream.discovery import discover
 from token_proxy.tokenization.loader import describe_tokenizer, load_tokenizer
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts

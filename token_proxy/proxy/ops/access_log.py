@@ -17,7 +17,7 @@ import uuid
 import orjson
 from aiohttp import web
 
-from token_proxy.proxy.context import header_request_id
+from token_proxy.proxy.request_ids import header_request_id
 from token_proxy.proxy.request_stats import STATS, RequestStats
 
 ACCESS_LOGGER = "token_proxy.access"

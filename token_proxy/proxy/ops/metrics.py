@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from token_proxy.errors import ProxyError
-from token_proxy.proxy.access_log import add_request_id_header, log_request
-from token_proxy.proxy.context import CONTEXT, SETTINGS
+from token_proxy.proxy.ops.access_log import add_request_id_header, log_request
+from token_proxy.proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.proxy.request_stats import RequestStats, stats_of
-from token_proxy.proxy.vllm_metrics import BackendMetrics
+from token_proxy.proxy.upstream.context import CONTEXT, SETTINGS
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-from token_proxy.proxy.metrics import CLIENT_CLOSED
+from token_proxy.proxy.ops.metrics import CLIENT_CLOSED
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from token_proxy.proxy.admin_workers import AdminPlane
+from token_proxy.proxy.admin.workers import AdminPlane
 
 log = logging.getLogger(__name__)
 

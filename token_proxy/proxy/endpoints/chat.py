@@ -6,10 +6,11 @@ import dataclasses
 
 from aiohttp import web
 
-from token_proxy.proxy.context import CONTEXT, ProxyContext, header_request_id, new_request_id, now
 from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
+from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
 from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
 from token_proxy.schemas.chat_response import ResponseMeta, chat_response
 from token_proxy.schemas.chat_stream import ChatStreamTranslator

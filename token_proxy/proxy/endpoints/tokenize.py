@@ -6,9 +6,9 @@ import asyncio
 
 from aiohttp import web
 
-from token_proxy.proxy.context import CONTEXT
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.serving import checked_model
+from token_proxy.proxy.upstream.context import CONTEXT
 from token_proxy.schemas.chat_request import parse_chat_prompt
 from token_proxy.schemas.fields import bad, opt_bool, opt_str, token_id_list
 

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 
 from token_proxy.errors import ProxyError
-from token_proxy.proxy.sglang_client import SGLangClient
+from token_proxy.proxy.upstream.client import SGLangClient
 from token_proxy.settings import Settings
 
 log = logging.getLogger(__name__)
