@@ -27,6 +27,22 @@ class Counters:
     aborted: int = 0
 
 
+MAX_RECEIVED = 1024  # /generate bodies kept for tests to inspect; a long run must not grow without bound
+
+
+class RecentList(list):
+    """A list that keeps only its last `limit` items (dropping the oldest half at a time: amortised O(1))."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def append(self, item) -> None:
+        super().append(item)
+        if len(self) > self.limit:
+            del self[: len(self) - self.limit // 2]
+
+
 @dataclass
 class SimState:
     config: SimConfig
@@ -34,7 +50,7 @@ class SimState:
     tokenizer: Tokenizer
     weight_version: str
     weights_path: str  # the last path weights were loaded from; part of what the fake model hashes
-    received: list[dict] = field(default_factory=list)  # every /generate JSON body, in order
+    received: list[dict] = field(default_factory=lambda: RecentList(MAX_RECEIVED))  # the latest /generate bodies
     running: dict[str, Sequence] = field(default_factory=dict)  # rid -> in-flight sequence
     aborted: list[str] = field(default_factory=list)  # rids aborted (abort_request, pause, disconnect)
     crashed: bool = False

@@ -82,9 +82,6 @@ class PromptRenderer:
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await self._run(encode_text, self.tokenizer, text, add_special_tokens)
 
-    async def render_text(self, prompt: ChatPrompt) -> str:
-        return await self._run(render_chat_text, self.tokenizer, prompt)
-
     def _remember(self, key: bytes, future: asyncio.Future) -> None:
         self._cache[key] = future
         while len(self._cache) > self._cache_size:
