@@ -5,12 +5,19 @@ from __future__ import annotations
 import pytest
 
 from token_proxy.errors import InvalidRequest
-from token_proxy.schemas.chat_request import parse_chat_request
-from token_proxy.schemas.chat_response import ResponseMeta
-from token_proxy.schemas.chat_stream import ChatStreamTranslator
-from token_proxy.schemas.generation import map_finish
-from token_proxy.schemas.logprobs import CLAMP, TokenNamer, chat_logprob_content, top_row
-from token_proxy.schemas.sglang_payload import generate_payload, resolve_max_tokens
+from token_proxy.schemas import (
+    CLAMP,
+    ChatFormatter,
+    OutputRules,
+    ResponseMeta,
+    TokenNamer,
+    chat_logprob_content,
+    generate_payload,
+    map_finish,
+    parse_chat_request,
+    resolve_max_tokens,
+    top_row,
+)
 
 VOCAB = 151665
 EOS = 151645
@@ -133,10 +140,29 @@ def test_top_logprobs_put_sampled_token_first_and_clamp():
                         "top_logprobs": [{"token": "token_id:7", "logprob": CLAMP, "bytes": list(b"token_id:7")}]}]
 
 
+class ChatStream:
+    """The output rules and the chat formatter, as the stream relay drives them."""
+
+    def __init__(self, req, incremental):
+        meta = ResponseMeta(response_id="chatcmpl-1", created=1, model="m", prompt_ids=[[1, 2]])
+        self.rules = OutputRules(req.sampling, req.sampling.n, 2, EOS, lambda ids: "", incremental)
+        self.formatter = ChatFormatter(req, meta, TokenNamer(FakeTexts(), False))
+        self.start = self.formatter.start
+
+    def feed(self, event):
+        out = self.rules.feed(event)
+        return [] if out is None else [self.formatter.chunk(out)]
+
+    def finish(self):
+        return self.formatter.finish(self.rules.usage())
+
+    @property
+    def done(self):
+        return self.rules.done
+
+
 def _translator(incremental, **extra):
-    req = chat(stream=True, return_token_ids=True, **extra)
-    meta = ResponseMeta(response_id="chatcmpl-1", created=1, model="m", prompt_ids=[1, 2], eos_token_id=EOS)
-    return ChatStreamTranslator(req, meta, TokenNamer(FakeTexts(), False), incremental)
+    return ChatStream(chat(stream=True, return_token_ids=True, **extra), incremental)
 
 
 def _event(text, ids, finish=None, **meta):

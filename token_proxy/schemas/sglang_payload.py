@@ -6,6 +6,8 @@ bare 500 and 0.5.23 with a 400, so nothing vLLM-only may leak through.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from token_proxy.errors import InvalidRequest, max_tokens_too_large, prompt_too_long
 from token_proxy.schemas.sampling import SamplingRequest
 
@@ -21,6 +23,25 @@ _OPTIONAL_SAMPLING = (
     ("seed", "sampling_seed"),
     ("logit_bias", "logit_bias"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangRequest:
+    """One /generate call: its JSON body and the rids to abort it by (SGLang aborts a batch item by item)."""
+
+    body: dict
+    rids: list[str]
+
+
+def sglang_request(prompts: list[list[int]], sampling: SamplingRequest, max_new_tokens: list[int], *, rid: str,
+                   stream: bool, cache_salt: str | None = None, priority: int | None = None,
+                   lora_path: str | None = None) -> SGLangRequest:
+    body = batch_payload(prompts, sampling, max_new_tokens, rid=rid, stream=stream, cache_salt=cache_salt,
+                         priority=priority)
+    if lora_path is not None:
+        body["lora_path"] = lora_path  # one path for every item of a batch
+    rids = body["rid"]
+    return SGLangRequest(body, rids if isinstance(rids, list) else [rids])
 
 
 def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len: int,
@@ -123,12 +144,6 @@ def _with_request_fields(payload: dict, sampling: SamplingRequest, cache_salt: s
     if priority is not None:
         payload["priority"] = priority
     return payload
-
-
-def payload_rids(payload: dict) -> list[str]:
-    """The rids to abort: SGLang does not abort a batch by a common prefix."""
-    rid = payload["rid"]
-    return rid if isinstance(rid, list) else [rid]
 
 
 def _seeded_batch(prompt_ids: list[int], params: dict, rid: str, n: int, seed: int) -> dict:

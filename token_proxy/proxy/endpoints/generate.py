@@ -2,39 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 from aiohttp import web
 
-from token_proxy.proxy.http_io import json_response, read_json
-from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
-from token_proxy.proxy.request_stats import stats_of
-from token_proxy.proxy.serving import check_seed, checked_model, generate_once, stream_translated
-from token_proxy.proxy.upstream.context import CONTEXT
-from token_proxy.schemas.generate_tokens import (
-    GenerateStreamTranslator,
-    generate_tokens_response,
-    parse_generate_tokens,
-)
+from token_proxy.proxy.http_io import read_json
+from token_proxy.proxy.pipeline import Job, run_pipeline
+from token_proxy.proxy.request_stats import RequestStats
+from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
+from token_proxy.schemas.generate_format import GenerateFormatter
+from token_proxy.schemas.generate_tokens import GenerateTokensRequest, parse_generate_tokens
 from token_proxy.schemas.logprobs import TokenNamer
-from token_proxy.schemas.sglang_payload import generate_payload, resolve_max_tokens
+from token_proxy.schemas.output_rules import ResponseMeta
 
 
 async def generate_tokens(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     req = parse_generate_tokens(await read_json(request), ctx.tokenizer_info.vocab_size)
-    stats = stats_of(request)
-    stats.stream, stats.prompt_tokens = req.stream, len(req.token_ids)
-    model = checked_model(ctx, req.model)
-    check_seed(ctx, req.sampling)
-    max_new_tokens = resolve_max_tokens(req.sampling, len(req.token_ids), ctx.max_model_len,
-                                        ctx.backend.max_prompt_len)
-    request_id = new_request_id("generate-tokens", req.request_id or header_request_id(request))
-    stats.backend_rid = request_id
-    payload = generate_payload(req.token_ids, req.sampling, max_new_tokens, rid=request_id, stream=req.stream,
-                               cache_salt=req.cache_salt, priority=req.priority)
-    eos = ctx.tokenizer_info.eos_token_id
-    if req.stream:
-        translator = GenerateStreamTranslator(req, request_id, eos, ctx.backend.incremental_stream)
-        return await stream_translated(request, ctx, payload, translator)
-    gens = await generate_once(ctx, payload, stats)
-    namer = TokenNamer(ctx.token_texts, as_ids=True)
-    return json_response(generate_tokens_response(req, request_id, model, now(), gens, eos, namer))
+    return await run_pipeline(request, GenerateEndpoint(req))
+
+
+@dataclass(slots=True)
+class GenerateEndpoint:
+    req: GenerateTokensRequest
+    job: Job = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        req = self.req
+        self.job = Job("generate-tokens", req.model, req.sampling, req.stream, req.request_id, req.cache_salt,
+                       req.priority)
+
+    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
+        return [self.req.token_ids]
+
+    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> GenerateFormatter:
+        return GenerateFormatter(self.req, meta, TokenNamer(ctx.token_texts, as_ids=True))

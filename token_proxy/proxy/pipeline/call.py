@@ -1,0 +1,81 @@
+"""Step 6-7 of the pipeline: the /generate call to SGLang, streamed or not, through the output rules.
+
+A client that leaves (or a timeout) aborts the SGLang request: nothing generates for nobody.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from aiohttp import web
+
+from token_proxy.errors import BackendError, BackendTimeout, ProxyError
+from token_proxy.proxy.http_io import DONE, open_sse, sse_frames
+from token_proxy.proxy.request_stats import RequestStats
+from token_proxy.proxy.upstream.aborts import abort_all_of, aborting_on_exit
+from token_proxy.proxy.upstream.context import ProxyContext
+from token_proxy.schemas.output_rules import Output, OutputRules
+from token_proxy.schemas.sglang_payload import SGLangRequest
+
+
+async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+                         stats: RequestStats) -> list[Output]:
+    """A non-streaming /generate call -> one finished Output per choice."""
+    async with aborting_on_exit(ctx, call.rids, stats):
+        items = await ctx.client.generate(call.body)
+    stats.mark_first_token()
+    outputs = rules.whole(items)
+    record(stats, rules)
+    return outputs
+
+
+async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+                            formatter, stats: RequestStats) -> web.StreamResponse:
+    """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
+    async with (aborting_on_exit(ctx, call.rids, stats),
+                contextlib.aclosing(ctx.client.generate_stream(call.body)) as batches):
+        first = await anext(batches, None)
+        if first is None:
+            raise BackendError("SGLang closed the stream before sending anything")
+        response = await open_sse(request)
+        await response.write(sse_frames(formatter.start() + _chunks(rules, formatter, first)))
+        stats.mark_first_token()
+        try:
+            await _relay(response, ctx, batches, call.rids, rules, formatter)
+        except ProxyError as exc:
+            if isinstance(exc, BackendTimeout):
+                abort_all_of(ctx, call.rids)
+            stats.stream_error_status = exc.status
+            await response.write(sse_frames([exc.body()]) + DONE)
+        finally:
+            record(stats, rules)
+    return response
+
+
+def _chunks(rules: OutputRules, formatter, events: list[dict]) -> list[dict]:
+    chunks = []
+    for event in events:
+        out = rules.feed(event)
+        if out is not None:
+            chunks.append(formatter.chunk(out))
+    return chunks
+
+
+async def _relay(response: web.StreamResponse, ctx: ProxyContext, batches, rids: list[str], rules: OutputRules,
+                 formatter) -> None:
+    async for events in batches:
+        chunks = _chunks(rules, formatter, events)
+        if chunks:
+            await response.write(sse_frames(chunks))
+        if rules.cut_short and rules.done:
+            abort_all_of(ctx, rids)  # SGLang would go on to max_tokens
+            break
+    if not rules.done:
+        raise BackendError("SGLang ended the stream before every choice finished")
+    await response.write(sse_frames(formatter.finish(rules.usage())) + DONE)
+
+
+def record(stats: RequestStats, rules: OutputRules) -> None:
+    stats.completion_tokens = rules.completion_tokens
+    stats.cached_tokens = rules.cached_tokens
+    stats.weight_version = rules.weight_version

@@ -1,0 +1,106 @@
+"""The inference pipeline every endpoint runs (chat, chat/tokens, completions, generate):
+
+parse (the endpoint's) -> resolve model -> prompt ids (the endpoint's) -> limits -> SGLang payload
+-> call, streamed or not -> output rules (one step for every endpoint) -> format (the endpoint's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from token_proxy.errors import InvalidRequest
+from token_proxy.proxy.http_io import json_response
+from token_proxy.proxy.pipeline.call import generate_streamed, generate_whole
+from token_proxy.proxy.pipeline.target import ModelTarget, resolve_model
+from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
+from token_proxy.proxy.request_stats import RequestStats, stats_of
+from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
+from token_proxy.schemas.output_rules import Output, OutputRules, ResponseMeta, Usage
+from token_proxy.schemas.sampling import SamplingRequest
+from token_proxy.schemas.sglang_payload import resolve_max_tokens, sglang_request
+
+GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What the pipeline reads of any parsed inference request, whichever endpoint parsed it."""
+
+    id_prefix: str  # of the response id and SGLang rid: "chatcmpl", "cmpl", "generate-tokens"
+    model: str | None
+    sampling: SamplingRequest
+    stream: bool
+    request_id: str | None = None
+    cache_salt: str | None = None
+    priority: int | None = None
+
+
+class Formatter(Protocol):
+    """An endpoint's response shape, over the output rules' `Output`s."""
+
+    def response(self, outputs: list[Output], usage: Usage) -> dict: ...
+
+    def start(self) -> list[dict]: ...
+
+    def chunk(self, out: Output) -> dict: ...
+
+    def finish(self, usage: Usage) -> list[dict]: ...
+
+
+class Endpoint(Protocol):
+    """An endpoint's adapter: its parsed request (`job`), its prompt ids and its formatter."""
+
+    job: Job
+
+    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]: ...
+
+    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> Formatter: ...
+
+
+async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    ctx, job, stats = request.app[CONTEXT], endpoint.job, stats_of(request)
+    stats.stream = job.stream
+    target = resolve_model(ctx, job.model)
+    sampling = checked_seed(ctx, job.sampling)
+    prompts = await endpoint.prompt_ids(ctx, stats)
+    stats.prompt_tokens = sum(len(ids) for ids in prompts)
+    limits = [resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
+              for ids in prompts]
+    meta = ResponseMeta(new_request_id(job.id_prefix, job.request_id or header_request_id(request)), now(),
+                        target.name, prompts)
+    stats.backend_rid = meta.response_id
+    call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
+                          cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path)
+    rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
+    formatter = await endpoint.formatter(ctx, meta)
+    if job.stream:
+        return await generate_streamed(request, ctx, call, rules, formatter, stats)
+    outputs = await generate_whole(ctx, call, rules, stats)
+    return json_response(formatter.response(outputs, rules.usage()))
+
+
+def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, prompt_tokens: int,
+                 stream: bool) -> OutputRules:
+    skip = sampling.skip_special_tokens
+    texts = ctx.token_texts
+    return OutputRules(sampling, prompts * sampling.n, prompt_tokens, ctx.tokenizer_info.eos_token_id,
+                       lambda ids: texts.decode(ids, skip), incremental=not stream or ctx.backend.incremental_stream)
+
+
+def checked_seed(ctx: ProxyContext, sampling: SamplingRequest) -> SamplingRequest:
+    """vLLM always honours `seed`; SGLang only with --enable-deterministic-inference. A seed that
+    would be silently ignored is refused rather than breaking a run's reproducibility unseen,
+    except under greedy decoding (temperature 0), which no engine seeds: it is accepted and dropped."""
+    if sampling.seed is None or ctx.backend.honours_seed or ctx.settings.allow_unhonoured_seed:
+        return sampling
+    if sampling.temperature is not None and sampling.temperature < GREEDY_BELOW:
+        return dataclasses.replace(sampling, seed=None)
+    raise InvalidRequest(
+        "`seed` cannot be honoured: SGLang ignores it unless started with --enable-deterministic-inference "
+        "(or run the proxy with --allow-unhonoured-seed true to send it anyway; greedy requests, "
+        "temperature 0, may carry a seed)", param="seed")
+

@@ -1,0 +1,173 @@
+"""Outputs -> vLLM's chat completion body, or its chat.completion.chunk sequence (pure).
+
+Every key vLLM 0.33 emits is present, in its order, null when not requested. Stream key
+presence follows vLLM's `model_dump_json(exclude_unset=True)`: the role chunk carries
+`prompt_token_ids` (null unless asked) and `prompt_text`; content chunks carry `token_ids` and
+`kv_transfer_params`; the finish chunk adds `stop_reason` and `weight_versions`; the usage
+chunk drops every null.
+
+The assistant text passes through a `ChatOutputParser` (the hook for tool calls and reasoning).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from token_proxy.schemas.chat_request import ChatRequest
+from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
+from token_proxy.schemas.output_rules import Output, ResponseMeta, Usage
+
+
+class ChatOutputParser(Protocol):
+    """Splits generated text into the assistant message's fields (content, reasoning, tool_calls).
+
+    The output-parser hook: a tool-call / reasoning parser (pure functions over text) plugs in
+    here, for both modes. `message` gets a choice's whole text; `delta` gets a stream's new
+    text for choice `index` (`finished` on its last delta) and returns the delta's fields.
+    A message or delta carrying "tool_calls" turns finish_reason "stop" into "tool_calls".
+    """
+
+    def message(self, text: str) -> dict: ...
+
+    def delta(self, index: int, text: str, finished: bool) -> dict: ...
+
+
+class PlainText:
+    """No parsing: all text is content."""
+
+    def message(self, text: str) -> dict:
+        return {"content": text}
+
+    def delta(self, index: int, text: str, finished: bool) -> dict:
+        return {"content": text}
+
+
+PLAIN_TEXT = PlainText()
+
+
+def assistant_message(fields: dict) -> dict:
+    # vLLM drops `tool_calls` when empty; content is "" (not null) for empty output.
+    message = {"role": "assistant", "content": fields.get("content", ""), "refusal": None, "annotations": None,
+               "audio": None, "function_call": None, "reasoning": fields.get("reasoning")}
+    if fields.get("tool_calls"):
+        message["tool_calls"] = fields["tool_calls"]
+    return message
+
+
+def _finish_reason(reason: str | None, tool_calls: bool) -> str | None:
+    return "tool_calls" if tool_calls and reason == "stop" else reason
+
+
+class ChatFormatter:
+    def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer,
+                 parser: ChatOutputParser = PLAIN_TEXT):
+        self._req = req
+        self._meta = meta
+        self._namer = namer
+        self._parser = parser
+        self._prompt_ids = meta.prompt_ids[0]
+        self._tool_choices: set[int] = set()  # streamed choices that sent a tool call
+        # vLLM honours continuous_usage_stats only together with include_usage.
+        self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
+
+    # Not streaming
+
+    def response(self, outputs: list[Output], usage: Usage) -> dict:
+        req, meta = self._req, self._meta
+        first = outputs[0] if outputs else None
+        return {
+            "id": meta.response_id,
+            "object": "chat.completion",
+            "created": meta.created,
+            "model": meta.model,
+            "choices": [self._choice(out) for out in outputs],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage.body(),
+            "prompt_logprobs": self._prompt_logprobs(first),
+            "prompt_token_ids": self._prompt_ids if req.output.return_token_ids else None,
+            "prompt_text": None,
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "metrics": None,
+        }
+
+    def _choice(self, out: Output) -> dict:
+        fields = self._parser.message(out.text)
+        return {
+            "index": out.index,
+            "message": assistant_message(fields),
+            "logprobs": self._logprobs(out),
+            "finish_reason": _finish_reason(out.finish_reason, bool(fields.get("tool_calls"))),
+            "stop_reason": out.stop_reason,
+            "token_ids": out.token_ids if self._req.output.return_token_ids else None,
+            "routed_experts": None,
+            "weight_versions": out.weight_versions,
+        }
+
+    def _logprobs(self, out: Output) -> dict | None:
+        if not self._req.sampling.logprobs:
+            return None
+        return {"content": chat_logprob_content(out.logprobs, out.top_logprobs, self._req.sampling.top_logprobs,
+                                                self._namer)}
+
+    def _prompt_logprobs(self, out: Output | None) -> list | None:
+        top_n = self._req.sampling.prompt_logprobs
+        if top_n is None or out is None:
+            return None
+        return prompt_logprobs(out.meta.get("input_token_logprobs") or [], out.meta.get("input_top_logprobs"),
+                               top_n, self._namer)
+
+    # Streaming
+
+    def start(self) -> list[dict]:
+        """One role chunk per choice, each carrying the prompt ids (null unless asked)."""
+        chunks = []
+        for index in range(self._req.sampling.n):
+            choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}
+            chunk = self._chunk(choice, completion_tokens=0)
+            chunk["prompt_token_ids"] = self._prompt_ids if self._req.output.return_token_ids else None
+            chunk["prompt_text"] = None
+            chunks.append(chunk)
+        return chunks
+
+    def chunk(self, out: Output) -> dict:
+        finished = out.finish_reason is not None
+        delta = self._parser.delta(out.index, out.text, finished)
+        if "tool_calls" in delta:
+            self._tool_choices.add(out.index)
+        choice = {"index": out.index, "delta": delta, "logprobs": self._logprobs(out), "finish_reason": None}
+        if not finished:
+            choice["token_ids"] = out.token_ids if self._req.output.return_token_ids else None
+            return self._chunk(choice, out.completion_tokens, kv_transfer_params=None)
+        if out.completion_tokens == 0 and not out.text:
+            choice["delta"] = {}
+        choice["finish_reason"] = _finish_reason(out.finish_reason, out.index in self._tool_choices)
+        choice["stop_reason"] = out.stop_reason
+        choice["token_ids"] = out.token_ids if self._req.output.return_token_ids else None
+        choice["weight_versions"] = out.weight_versions
+        chunk = self._chunk(choice, out.completion_tokens)
+        if not self._req.output.include_usage:
+            chunk["system_fingerprint"] = None  # vLLM puts it on the last message only
+        chunk["kv_transfer_params"] = None
+        return chunk
+
+    def finish(self, usage: Usage) -> list[dict]:
+        """The usage chunk, when asked for (None fields dropped, as vLLM does); [DONE] is the writer's."""
+        if not self._req.output.include_usage:
+            return []
+        meta = self._meta
+        return [{"id": meta.response_id, "object": "chat.completion.chunk", "created": meta.created,
+                 "model": meta.model, "choices": [], "usage": usage.body(drop_nulls=True)}]
+
+    def _chunk(self, choice: dict, completion_tokens: int, **extra) -> dict:
+        meta = self._meta
+        chunk = {"id": meta.response_id, "object": "chat.completion.chunk", "created": meta.created,
+                 "model": meta.model, "choices": [choice]}
+        if self._continuous_usage:
+            prompt = len(self._prompt_ids)
+            chunk["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt + completion_tokens,
+                              "completion_tokens": completion_tokens, "completion_tokens_details": None}
+        chunk.update(extra)
+        return chunk

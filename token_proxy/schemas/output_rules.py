@@ -1,0 +1,218 @@
+"""The one post-processing step every endpoint's output passes through, streaming or not.
+
+SGLang's /generate events (a stream's events, or a non-streaming reply seen as one event per
+choice) become per-choice `Output`s in vLLM's terms. Every output rule lives here, so no
+endpoint can drift from another:
+- stop ids under ignore_eos (SGLang's ignore_eos disables stop_token_ids, vLLM's does not:
+  the proxy cuts at the first stop id and the relay aborts the SGLang request);
+- stop strings (text that could still become one is held back; a trailing match is trimmed
+  unless include_stop_str_in_output);
+- finish_reason / stop_reason in vLLM's words; usage counts; weight-version spans;
+- SGLang's two stream modes (cumulative or --incremental-streaming-output) give the same outputs.
+Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token ids go out at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from token_proxy.schemas.sampling import SamplingRequest
+from token_proxy.schemas.weight_versions import VersionSpans
+
+REPLACEMENT = "\ufffd"
+_NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
+
+
+@dataclass(slots=True)
+class Output:
+    """New output of one choice: a stream's delta, or (not streaming) the whole choice."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list  # SGLang triples [logprob, id, text] for token_ids
+    top_logprobs: list  # SGLang top rows for token_ids
+    finish_reason: str | None  # vLLM's, on a choice's last output
+    stop_reason: int | str | None
+    first: bool  # the choice's first output
+    meta: dict  # the event's meta_info (e.g. prompt logprobs)
+    completion_tokens: int  # the choice's output tokens so far
+    weight_versions: list[dict] | None = None  # on a choice's last output: vLLM's spans
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+
+    def body(self, drop_nulls: bool = False) -> dict:
+        """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
+        report = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": None,
+        }
+        return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
+
+
+def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
+    """SGLang's finish_reason -> vLLM's (finish_reason, stop_reason).
+
+    The tokenizer's EOS -> ("stop", None); any other stop id (a requested one, or an
+    extra EOS from generation_config, which vLLM adds to stop_token_ids) -> ("stop", id);
+    a stop string -> ("stop", string); max tokens or the context end -> ("length", None).
+    Pass eos_token_id=None under ignore_eos: vLLM then reports every stop id.
+    """
+    if not finish:
+        return None, None
+    kind = finish.get("type")
+    if kind == "stop":
+        matched = finish.get("matched")
+        if isinstance(matched, bool) or matched is None or matched == eos_token_id:
+            return "stop", None
+        return "stop", matched
+    if kind == "length":
+        return "length", None
+    if kind == "abort":
+        return "abort", None
+    return str(kind), None
+
+
+@dataclass(slots=True)
+class _Choice:
+    text: str = ""  # all text so far, as SGLang reported it
+    sent_chars: int = 0
+    ids_seen: int = 0
+    logprobs_seen: int = 0
+    ids: list = field(default_factory=list)  # kept only while the proxy enforces stop ids
+    started: bool = False
+    finished: bool = False
+
+
+class OutputRules:
+    """Per request: SGLang events in, `Output`s out (`feed` per stream event, `whole` for a reply)."""
+
+    def __init__(self, sampling: SamplingRequest, choices: int, prompt_tokens: int, eos_token_id: int | None,
+                 decode, incremental: bool = True):
+        """`decode(ids)` re-spells a choice cut at a stop id (only used under ignore_eos + stop_token_ids)."""
+        self._sampling = sampling
+        self._incremental = incremental
+        self._decode = decode
+        self._choices = [_Choice() for _ in range(choices)]
+        self._holdback = max((len(s) for s in sampling.stop), default=1) - 1
+        self._stop_ids = sampling.proxy_stop_ids
+        self._eos = None if sampling.ignore_eos else eos_token_id  # under ignore_eos vLLM names every stop id
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.weight_version: str | None = None  # as SGLang reports it in meta_info
+        self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
+        self._versions = VersionSpans()  # a choice that spans a weight update reports each version
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self._choices)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.ids_seen for c in self._choices)
+
+    def usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def whole(self, items: list[dict]) -> list[Output]:
+        """A non-streaming reply (one item per choice) -> one finished Output per choice, by index."""
+        outputs = []
+        for i, item in enumerate(items):
+            meta = item.get("meta_info") or {}
+            if meta.get("finish_reason") is None:
+                meta = dict(meta, finish_reason=_NO_FINISH)
+            out = self.feed({"index": item.get("index", i), "text": item.get("text"),
+                             "output_ids": item.get("output_ids"), "meta_info": meta})
+            if out is not None:
+                outputs.append(out)
+        outputs.sort(key=lambda o: o.index)
+        return outputs
+
+    def feed(self, event: dict) -> Output | None:
+        index = event.get("index", 0)
+        if not 0 <= index < len(self._choices) or self._choices[index].finished:
+            return None
+        state = self._choices[index]
+        meta = event.get("meta_info") or {}
+        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
+        self.weight_version = meta.get("weight_version", self.weight_version)
+        ids = self._new_items(event.get("output_ids") or [], state.ids_seen)
+        logprobs = self._new_items(meta.get("output_token_logprobs") or [], state.logprobs_seen)
+        top = self._new_items(meta.get("output_top_logprobs") or [], state.logprobs_seen)
+        state.ids_seen += len(ids)
+        state.logprobs_seen += len(logprobs)
+        finish = meta.get("finish_reason")
+        self._take_text(state, event.get("text") or "")
+        if self._stop_ids:
+            ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
+        text = self._releasable(state, finish)
+        if not ids and not text and finish is None:
+            return None
+        self._versions.track(index, meta.get("weight_version"), state.ids_seen - len(ids), len(ids))
+        first, state.started = not state.started, True
+        if finish is None:
+            return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
+        state.finished = True
+        finish_reason, stop_reason = map_finish(finish, self._eos)
+        return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
+                      self._versions.spans(index, state.ids_seen))
+
+    def _new_items(self, items: list, seen: int) -> list:
+        return items if self._incremental else items[seen:]
+
+    def _take_text(self, state: _Choice, text: str) -> None:
+        if self._incremental:
+            state.text += text
+        elif text.startswith(state.text[: state.sent_chars]):
+            state.text = text
+        # else: SGLang rewrote text already sent (cannot be unsent); keep what we had.
+
+    def _releasable(self, state: _Choice, finish: dict | None) -> str:
+        if finish is not None:
+            end = len(self._final_text(state, finish))
+        else:
+            end = max(state.sent_chars, len(state.text) - self._holdback)
+            while end > state.sent_chars and state.text[end - 1] == REPLACEMENT:
+                end -= 1
+        delta = state.text[state.sent_chars:end]
+        state.sent_chars = max(state.sent_chars, end)
+        return delta
+
+    def _final_text(self, state: _Choice, finish: dict) -> str:
+        """Incremental streams may still end in the stop string; vLLM trims it unless asked not to."""
+        matched = finish.get("matched")
+        text = state.text
+        if isinstance(matched, str) and not self._sampling.include_stop_str_in_output and text.endswith(matched):
+            text = text[: len(text) - len(matched)]
+        return text
+
+    def _cut_at_stop_id(self, state: _Choice, ids: list, logprobs: list, top: list, finish):
+        """vLLM stops at a stop id even under ignore_eos; SGLang does not, so the proxy does (and
+        the relay aborts the SGLang request once `cut_short`). The stop token's text is dropped."""
+        cut = next((i for i, t in enumerate(ids) if t in self._stop_ids), None)
+        if cut is None:
+            state.ids.extend(ids)
+            return ids, logprobs, top, finish
+        state.ids.extend(ids[: cut + 1])
+        state.ids_seen = len(state.ids)
+        state.text = self._decode(state.ids[:-1])
+        self.cut_short = True
+        return ids[: cut + 1], logprobs[: cut + 1], top[: cut + 1], {"type": "stop", "matched": ids[cut]}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    """Per-response facts every formatter needs besides the request and the outputs."""
+
+    response_id: str
+    created: int
+    model: str
+    prompt_ids: list[list[int]]  # per prompt (chat and generate have one)
