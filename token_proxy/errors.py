@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 
+def error_body(message: str, err_type: str, param: str | None, status: int) -> dict:
+    """OpenAI's error body; every error the proxy writes (JSON or in a stream) is built here."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
 class ProxyError(Exception):
     status = 500
     type = "InternalServerError"
@@ -13,8 +18,7 @@ class ProxyError(Exception):
         self.param = param
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.status}}
+        return error_body(self.message, self.type, self.param, self.status)
 
     def headers(self) -> dict | None:
         return None
@@ -30,6 +34,18 @@ class InvalidRequest(ProxyError):
 class NotFound(ProxyError):
     status = 404
     type = "NotFoundError"
+
+
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "MethodNotAllowedError"
+
+    def __init__(self, method: str, path: str, allowed: tuple[str, ...]):
+        super().__init__(f"Method {method} is not allowed on {path}; use {', '.join(allowed)}")
+        self.allowed = allowed
+
+    def headers(self) -> dict:
+        return {"Allow": ", ".join(self.allowed)}
 
 
 class BackendUnavailable(ProxyError):

@@ -1,9 +1,19 @@
-"""The proxy's routes, and the small handlers that need no module of their own."""
+"""The proxy's route table: per route its path, methods, handler and class. Auth, admission and
+metrics read the class from here; a wrong method on a listed route answers 405 with `Allow`.
+
+Classes: inference (generates tokens: the API key, and an admission slot), tokenizer (data-plane
+reads: the API key), admin (control plane: the admin key), ops (public probes and metrics).
+Paths not listed are the admin plane's (proxy/admin/, including the pass-through to SGLang).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
 from aiohttp import web
 
+from token_proxy.errors import BackendUnavailable, MethodNotAllowed
 from token_proxy.proxy.admin.routes import add_admin_routes
 from token_proxy.proxy.endpoints.chat import chat_completions, chat_completions_tokens
 from token_proxy.proxy.endpoints.completions import completions
@@ -13,6 +23,9 @@ from token_proxy.proxy.http_io import json_response
 from token_proxy.proxy.ops.metrics import metrics_endpoint
 from token_proxy.proxy.ops.openapi import openapi_json
 from token_proxy.proxy.upstream.context import CONTEXT
+
+INFERENCE, TOKENIZER, ADMIN, OPS = "inference", "tokenizer", "admin", "ops"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -29,21 +42,57 @@ async def health(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     if await ctx.client.healthy(timeout_s=5.0):
         return web.Response(status=200)
-    return json_response({"error": {"message": f"SGLang at {ctx.client.base_url} is not healthy",
-                                    "type": "ServiceUnavailableError", "param": None, "code": 503}},
-                         status=503)
+    return json_response(BackendUnavailable(f"SGLang at {ctx.client.base_url} is not healthy").body(), status=503)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    path: str
+    methods: tuple[str, ...]
+    handler: Handler | None  # None: served by the admin plane or SGLang (pass-through); listed for its class
+    kind: str  # INFERENCE / TOKENIZER / ADMIN / OPS
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("/v1/chat/completions", ("POST",), chat_completions, INFERENCE),
+    Route("/v1/chat/completions/tokens", ("POST",), chat_completions_tokens, INFERENCE),
+    Route("/v1/completions", ("POST",), completions, INFERENCE),
+    Route("/inference/v1/generate", ("POST",), generate_tokens, INFERENCE),
+    *(Route(f"{prefix}/{name}", ("POST",), handler, TOKENIZER)
+      for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
+    Route("/v1/models", ("GET",), list_models, TOKENIZER),
+    Route("/openapi.json", ("GET",), openapi_json, OPS),
+    Route("/health", ("GET",), health, OPS),
+    Route("/metrics", ("GET",), metrics_endpoint, OPS),
+    Route("/liveness", ("GET",), None, OPS),  # prime-rl's; the admin plane asks every worker
+    Route("/ping", ("GET",), None, OPS),
+    # SGLang's own data-plane routes, reached through the pass-through:
+    Route("/generate", ("POST",), None, INFERENCE),
+    *(Route(path, ("GET",), None, TOKENIZER) for path in (
+        "/model_info", "/get_model_info", "/server_info", "/get_server_info", "/get_load", "/health_generate")),
+)
+_CLASS_OF = {route.path: route.kind for route in ROUTES}
+
+
+def route_class(path: str) -> str:
+    return _CLASS_OF.get(path, ADMIN)
+
+
+def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise MethodNotAllowed(request.method, request.path, allowed)
+
+    return refuse
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/openapi.json", openapi_json)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/chat/completions/tokens", chat_completions_tokens)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/inference/v1/generate", generate_tokens)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics_endpoint)
-    for prefix in ("", "/v1"):
-        app.router.add_post(f"{prefix}/tokenize", tokenize)
-        app.router.add_post(f"{prefix}/detokenize", detokenize)
+    for route in ROUTES:
+        if route.handler is None:
+            continue
+        allowed = route.methods + (("HEAD",) if "GET" in route.methods else ())
+        for method in route.methods:
+            app.router.add_route(method, route.path, route.handler)
+        if "GET" in route.methods:
+            app.router.add_route("HEAD", route.path, route.handler)
+        app.router.add_route("*", route.path, method_not_allowed(allowed))
     add_admin_routes(app)  # last: it ends with the catch-all pass-through to SGLang

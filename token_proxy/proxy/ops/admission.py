@@ -13,11 +13,7 @@ from collections import deque
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-
-INFERENCE_PATHS = frozenset({
-    "/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/completions", "/inference/v1/generate",
-    "/generate",
-})
+from token_proxy.proxy.routes import INFERENCE, route_class
 
 
 class Overloaded(ProxyError):
@@ -90,7 +86,7 @@ ADMISSION = web.AppKey("admission", Admission)
 @web.middleware
 async def admission_control(request: web.Request, handler):
     admission = request.app.get(ADMISSION)
-    if admission is None or request.method != "POST" or request.path not in INFERENCE_PATHS:
+    if admission is None or request.method != "POST" or route_class(request.path) != INFERENCE:
         return await handler(request)
     await admission.acquire()
     try:

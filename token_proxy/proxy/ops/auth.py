@@ -13,14 +13,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-
-PUBLIC_PATHS = frozenset({"/health", "/liveness", "/metrics", "/ping", "/openapi.json"})
-# Inference (and read-only) routes: the API key. Everything else reaching SGLang is control plane.
-INFERENCE_PATHS = frozenset({
-    "/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/completions", "/inference/v1/generate",
-    "/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize", "/v1/models", "/generate",
-    "/model_info", "/get_model_info", "/server_info", "/get_server_info", "/get_load", "/health_generate",
-})
+from token_proxy.proxy.routes import INFERENCE, OPS, TOKENIZER, route_class
 
 
 class Unauthorized(ProxyError):
@@ -43,10 +36,11 @@ class AccessPolicy:
     admin_open: bool = False  # with no admin key: let non-loopback clients reach admin routes
 
     def check(self, path: str, authorization: str | None, remote: str | None) -> None:
-        if path in PUBLIC_PATHS:
+        kind = route_class(path)  # the route table's class
+        if kind == OPS:
             return
         presented = _bearer(authorization)
-        if path in INFERENCE_PATHS:
+        if kind in (INFERENCE, TOKENIZER):
             if self.api_key and not _same(presented, self.api_key) and not _same(presented, self.admin_key):
                 raise Unauthorized("A valid API key is required (Authorization: Bearer <key>)")
             return

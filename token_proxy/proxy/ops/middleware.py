@@ -7,7 +7,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from token_proxy.errors import ProxyError
+from token_proxy.errors import ProxyError, error_body
 from token_proxy.proxy.ops.metrics import CLIENT_CLOSED
 
 log = logging.getLogger(__name__)
@@ -18,8 +18,7 @@ _HTTP_TYPES = {404: "NotFoundError", 405: "MethodNotAllowedError", 408: "Request
 
 def error_response(status: int, message: str, err_type: str, param: str | None = None,
                    headers: dict | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
+    return web.Response(status=status, body=orjson.dumps(error_body(message, err_type, param, status)), content_type="application/json", headers=headers)
 
 
 @web.middleware
