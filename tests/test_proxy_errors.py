@@ -322,3 +322,20 @@ async def test_sglang_killed_mid_request_then_restarted(tokenizer_dir, make_prox
         assert (await proxy.get("/health")).status == 200
     finally:
         proc.kill()
+
+
+@pytest.mark.parametrize("method,path,allow", [
+    ("GET", "/v1/chat/completions", "POST"),
+    ("PUT", "/v1/completions", "POST"),
+    ("GET", "/inference/v1/generate", "POST"),
+    ("GET", "/tokenize", "POST"),
+    ("POST", "/v1/models", "GET, HEAD"),
+    ("DELETE", "/health", "GET, HEAD"),
+])
+async def test_wrong_method_on_a_known_route_is_405_with_allow(proxy, sim, method, path, allow):
+    resp = await proxy.request(method, path)
+    body = orjson.loads(await resp.read())
+    assert_error(resp.status, body, 405, contains=path)
+    assert resp.headers["Allow"] == allow
+    assert body["error"]["type"] == "MethodNotAllowedError"
+    assert sim.app[SIM_STATE].received == []  # never passed through to SGLang

@@ -47,3 +47,22 @@ async def test_seed_is_honoured_under_deterministic_inference(make_sim, make_pro
     outs = [(await (await proxy.post("/v1/chat/completions", data=body)).json())["choices"][0]["token_ids"]
             for _ in range(2)]
     assert outs[0] == outs[1]
+
+
+async def test_seed_with_greedy_decoding_is_accepted_everywhere_but_sampled_stays_refused(make_sim, make_proxy):
+    """vLLM and SGLang ignore seeds under greedy decoding: a seed cannot change a temperature-0 output."""
+    sim = await make_sim(enable_deterministic_inference=False)
+    proxy = await make_proxy(sim)
+    for path, body in (("/v1/chat/completions", {"messages": USER, "seed": 1, "temperature": 0, "max_tokens": 3}),
+                       ("/v1/completions", {"prompt": "hi", "seed": 1, "temperature": 0.0, "max_tokens": 3}),
+                       ("/inference/v1/generate", {"token_ids": [1, 2],
+                                                   "sampling_params": {"seed": 1, "temperature": 0,
+                                                                       "max_tokens": 3}})):
+        resp = await proxy.post(path, data=orjson.dumps(body))
+        assert resp.status == 200, await resp.text()
+        assert "sampling_seed" not in sim.app[SIM_STATE].received[-1]["sampling_params"]  # nothing to honour
+        sampled = dict(body, temperature=0.7) if "sampling_params" not in body else dict(
+            body, sampling_params=dict(body["sampling_params"], temperature=0.7))
+        resp = await proxy.post(path, data=orjson.dumps(sampled))
+        assert resp.status == 400
+        assert (await resp.json())["error"]["param"] in ("seed", "sampling_params.seed")
