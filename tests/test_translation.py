@@ -225,3 +225,32 @@ def test_stream_chunk_keys_follow_vllms_exclude_unset():
     assert list(last["choices"][0]) == ["index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids",
                                         "weight_versions"]
     assert last["choices"][0]["delta"] == {"content": "b"}
+
+
+TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+class ToolCallParser:
+    """A stand-in for a tool-call parser plugged into the chat formatter's output-parser hook."""
+
+    def message(self, text):
+        return {"content": "", "tool_calls": [TOOL_CALL]} if text.startswith("<tool>") else {"content": text}
+
+    def delta(self, index, text, finished):
+        return {"tool_calls": [TOOL_CALL]} if text.startswith("<tool>") else {"content": text}
+
+
+def test_output_parser_hook_shapes_message_and_finish_reason_in_both_modes():
+    req = chat(stream=True)
+    meta = ResponseMeta(response_id="chatcmpl-1", created=1, model="m", prompt_ids=[[1, 2]])
+    formatter = ChatFormatter(req, meta, TokenNamer(FakeTexts(), False), ToolCallParser())
+    rules = OutputRules(req.sampling, 1, 2, EOS, lambda ids: "", incremental=True)
+    (whole,) = rules.whole([_event("<tool>f()", [5, 6], {"type": "stop", "matched": EOS})])
+    choice = formatter.response([whole], rules.usage())["choices"][0]
+    assert choice["message"]["tool_calls"] == [TOOL_CALL]
+    assert choice["finish_reason"] == "tool_calls"
+    stream_rules = OutputRules(req.sampling, 1, 2, EOS, lambda ids: "", incremental=True)
+    first = formatter.chunk(stream_rules.feed(_event("<tool>f()", [5, 6])))
+    last = formatter.chunk(stream_rules.feed(_event("", [EOS], {"type": "stop", "matched": EOS})))
+    assert first["choices"][0]["delta"] == {"tool_calls": [TOOL_CALL]}
+    assert last["choices"][0]["finish_reason"] == "tool_calls"

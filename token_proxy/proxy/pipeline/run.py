@@ -15,7 +15,7 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest
 from token_proxy.proxy.http_io import json_response
 from token_proxy.proxy.pipeline.call import generate_streamed, generate_whole
-from token_proxy.proxy.pipeline.target import ModelTarget, resolve_model
+from token_proxy.proxy.pipeline.target import resolve_model
 from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
