@@ -128,16 +128,19 @@ class OutputRules:
         for i, item in enumerate(items):
             meta = item.get("meta_info") or {}
             if meta.get("finish_reason") is None:
-                meta = dict(meta, finish_reason=_NO_FINISH)
-            out = self.feed({"index": item.get("index", i), "text": item.get("text"),
-                             "output_ids": item.get("output_ids"), "meta_info": meta})
+                item = dict(item, meta_info=dict(meta, finish_reason=_NO_FINISH))
+            out = self._feed(item.get("index", i), item)
             if out is not None:
                 outputs.append(out)
-        outputs.sort(key=lambda o: o.index)
+        if len(outputs) > 1:
+            outputs.sort(key=lambda o: o.index)
         return outputs
 
     def feed(self, event: dict) -> Output | None:
-        index = event.get("index", 0)
+        """One stream event -> the new output of its choice (None when there is nothing to send yet)."""
+        return self._feed(event.get("index", 0), event)
+
+    def _feed(self, index: int, event: dict) -> Output | None:
         if not 0 <= index < len(self._choices) or self._choices[index].finished:
             return None
         state = self._choices[index]
