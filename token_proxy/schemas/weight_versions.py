@@ -3,7 +3,8 @@ labelled `version`) from the weight_version SGLang reports in each reply's meta_
 
 A stream sees the version of every event, so a choice that spans a weight update gets one span
 per version, split where the version changed. A non-streaming reply carries only the version
-SGLang reported when it finished; its single span covers the whole output.
+SGLang reported when it finished; its single span covers the whole output (the output rules
+see it as one event).
 """
 
 from __future__ import annotations
@@ -11,10 +12,6 @@ from __future__ import annotations
 
 def span(version: str, start: int, end: int) -> dict:
     return {"version": version, "start": start, "end": end}
-
-
-def whole_output(version: str | None, num_tokens: int) -> list[dict] | None:
-    return None if version is None else [span(str(version), 0, num_tokens)]
 
 
 class VersionSpans:
