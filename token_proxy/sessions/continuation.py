@@ -1,0 +1,99 @@
+"""The continuation rule: extend the stored ids by the new messages only, or say why not.
+
+Turn k-1 stored: the messages it rendered (n of them), the prompt ids it sent, the completion ids the
+model produced and the assistant message the proxy returned. Turn k sends messages M. With `full` the
+template's rendering of M (with the generation prompt):
+
+1. same tools and template settings as turn k-1;
+2. M = M[:n] + [assistant] + new, with no assistant among `new` (those were not generated here);
+3. M[:n] renders as it did at turn k-1 (the stored text's digest): the earlier history is unchanged
+   *as the template renders it*;
+4. M[n] equals the returned assistant message, normalized (messages.py), or renders identically;
+5. the model's ids are located in `full`: right after turn k-1's generation prompt when the template
+   renders the completion verbatim (then the prompt equals a fresh render up to BPE merges), else
+   just after the completion's stop token (e.g. `<|im_end|>`) when the template rewrites that turn
+   (drops its reasoning, reformats tool calls): the model's ids are kept and the divergence reported.
+   A finish "length" turn has no stop token; when rendered verbatim the template's own close follows
+   it (as renderers' `trim_to_turn_close(synthesize_close=...)` does), otherwise it falls back;
+6. the prompt is stored prompt ids + completion ids + encode(full[cut:]) — only the new text is
+   tokenized. The split sits after a special token in ChatML-like templates, so the suffix tokenizes
+   as it would inside the full text.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from token_proxy.sessions.codec import ChatCodec, digest_text
+from token_proxy.sessions.messages import same_message
+from token_proxy.sessions.outcome import Divergence, Fallback
+
+
+@dataclass(frozen=True, slots=True)
+class Rendering:
+    """What turn k-1's rendering of its n messages looked like (the reference for turn k)."""
+
+    tools_key: bytes
+    template_key: bytes
+    n_messages: int
+    base_len: int  # len(render(messages, add_generation_prompt=False))
+    base_digest: bytes
+    gen_prompt: str | None  # full[base_len:], None when `full` does not extend `base`
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One stored turn of a session: what was sent, what came back."""
+
+    rendering: Rendering
+    prompt_ids: array
+    completion_ids: array
+    completion_len: int  # of the completion decoded with special tokens
+    completion_digest: bytes
+    stop_text: str | None  # the text of the completion's final special token, if any
+    finish_reason: str
+    reply: dict  # the assistant message the proxy returned
+    nbytes: int
+
+
+def rendering_of(messages: list[dict], full: str, codec: ChatCodec) -> Rendering:
+    base = codec.render(messages, False)
+    gen_prompt = full[len(base):] if full.startswith(base) else None
+    return Rendering(codec.tools_key, codec.template_key, len(messages), len(base), digest_text(base), gen_prompt)
+
+
+def continue_turn(turn: Turn, messages: list[dict], full: str,
+                  codec: ChatCodec) -> tuple[int, Divergence | None] | Fallback:
+    """Where the model's ids end in `full` (and whether the template diverged), or why not."""
+    ref = turn.rendering
+    if ref.tools_key != codec.tools_key:
+        return Fallback.TOOLS_CHANGED
+    if ref.template_key != codec.template_key:
+        return Fallback.TEMPLATE_CHANGED
+    n = ref.n_messages
+    if len(messages) < n + 2 or messages[n].get("role") != "assistant":
+        return Fallback.NOT_AN_EXTENSION
+    new = messages[n + 1:]
+    if any(m.get("role") == "assistant" for m in new):
+        return Fallback.NEW_ASSISTANT_MESSAGE
+    if digest_text(full[:ref.base_len]) != ref.base_digest:
+        return Fallback.HISTORY_EDITED
+    if not same_message(messages[n], turn.reply) and codec.render([*messages[:n], turn.reply, *new], True) != full:
+        return Fallback.ASSISTANT_EDITED
+    return _completion_end(turn, full)
+
+
+def _completion_end(turn: Turn, full: str) -> tuple[int, Divergence | None] | Fallback:
+    start = turn.rendering.base_len
+    gen_prompt = turn.rendering.gen_prompt
+    if gen_prompt is not None and full.startswith(gen_prompt, start):
+        body = start + len(gen_prompt)
+        end = body + turn.completion_len
+        if digest_text(full[body:end]) == turn.completion_digest:
+            return end, None
+    if turn.stop_text:
+        at = full.find(turn.stop_text, start)
+        if at >= 0:
+            return at + len(turn.stop_text), Divergence.ASSISTANT_RERENDERED
+    return Fallback.TRUNCATED_TURN if turn.finish_reason == "length" else Fallback.TEMPLATE_MISMATCH
