@@ -17,11 +17,14 @@ from token_proxy.tokenization.renderer import ChatPrompt, render_chat_text
 
 
 class ChatCodec(Protocol):
+    supported: bool  # False for requests that do not open a new assistant turn (continue_final_message)
     tools_key: bytes  # digest of the tools
     template_key: bytes  # digest of everything else that changes the rendering
     add_special_tokens: bool
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str: ...
+
+    def render_requested(self, messages: list[dict]) -> str: ...  # with the request's own prompt flags
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]: ...
 
@@ -43,6 +46,9 @@ class TemplateCodec:
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         prompt = dataclasses.replace(self.prompt, messages=messages, add_generation_prompt=add_generation_prompt)
         return render_chat_text(self.tokenizer, prompt)
+
+    def render_requested(self, messages: list[dict]) -> str:
+        return render_chat_text(self.tokenizer, dataclasses.replace(self.prompt, messages=messages))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -35,9 +35,9 @@ def same_message(a: dict, b: dict) -> bool:
 
 
 def _content_text(content):
-    """OpenAI's list-of-text-parts form equals the joined string (what templates render)."""
+    """OpenAI's list-of-text-parts form equals the joined string (the chat parser joins it so, as vLLM)."""
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(p.get("text", "") for p in content)
+        return "\n".join(p.get("text", "") for p in content)
     return content
 
 

@@ -64,9 +64,8 @@ class SessionStore:
 
     def prompt_ids(self, key: str, messages: list[dict], codec: ChatCodec) -> SessionPlan:
         """Prompt ids for `messages` in session `key`: continued from the stored turn, or rendered in full."""
-        if not getattr(codec, "supported", True):
-            full = codec.render(messages, True)
-            return self._fallback(key, codec, full, Fallback.UNSUPPORTED_REQUEST, None)
+        if not codec.supported:
+            return self._fallback(key, codec, codec.render_requested(messages), Fallback.UNSUPPORTED_REQUEST, None)
         full = codec.render(messages, True)
         rendering = rendering_of(messages, full, codec)
         turn = self._get(key)
