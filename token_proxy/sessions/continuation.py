@@ -57,10 +57,25 @@ class Turn:
     nbytes: int
 
 
-def rendering_of(messages: list[dict], full: str, codec: ChatCodec) -> Rendering:
-    base = codec.render(messages, False)
-    gen_prompt = full[len(base):] if full.startswith(base) else None
+def rendering_of(messages: list[dict], full: str, codec: ChatCodec, gen_prompt: str) -> Rendering:
+    """The reference for the next turn; `gen_prompt` is the template's usual generation prompt.
+
+    When `full` ends with it, the rendering without it is `full` minus it (one render per turn);
+    otherwise the template is asked.
+    """
+    if gen_prompt and full.endswith(gen_prompt):
+        base = full[:len(full) - len(gen_prompt)]
+    else:
+        base = codec.render(messages, False)
+        gen_prompt = full[len(base):] if full.startswith(base) else None
     return Rendering(codec.tools_key, codec.template_key, len(messages), len(base), digest_text(base), gen_prompt)
+
+
+def generation_prompt(codec: ChatCodec) -> str:
+    """What the template appends for a new assistant turn, found on a one-message probe."""
+    probe = [{"role": "user", "content": "?"}]
+    with_prompt, without = codec.render(probe, True), codec.render(probe, False)
+    return with_prompt[len(without):] if with_prompt.startswith(without) else ""
 
 
 def continue_turn(turn: Turn, messages: list[dict], full: str,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from token_proxy.sessions.codec import ChatCodec, digest_text
-from token_proxy.sessions.continuation import Rendering, Turn, continue_turn, rendering_of
+from token_proxy.sessions.continuation import Rendering, Turn, continue_turn, generation_prompt, rendering_of
 from token_proxy.sessions.messages import normalized
 from token_proxy.sessions.outcome import Fallback, SessionOutcome
 
@@ -57,6 +57,7 @@ class SessionStore:
         self.stats = SessionStats()
         self.nbytes = 0
         self._turns: OrderedDict[str, tuple[float, Turn]] = OrderedDict()  # key -> (last use, turn)
+        self._gen_prompts: OrderedDict[bytes, str] = OrderedDict()  # tools + template digest -> prompt
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -67,7 +68,7 @@ class SessionStore:
         if not codec.supported:
             return self._fallback(key, codec, codec.render_requested(messages), Fallback.UNSUPPORTED_REQUEST, None)
         full = codec.render(messages, True)
-        rendering = rendering_of(messages, full, codec)
+        rendering = rendering_of(messages, full, codec, self._generation_prompt(codec))
         turn = self._get(key)
         found = Fallback.UNKNOWN_SESSION if turn is None else continue_turn(turn, messages, full, codec)
         if isinstance(found, Fallback):
@@ -112,6 +113,17 @@ class SessionStore:
             self.stats.fallbacks[reason.value] += 1
             self.stats.tokenized_tokens += len(ids)
         return SessionPlan(key, ids, SessionOutcome.fallback(reason, len(ids)), rendering, codec)
+
+    def _generation_prompt(self, codec: ChatCodec) -> str:
+        key = codec.tools_key + codec.template_key
+        found = self._gen_prompts.get(key)
+        if found is None:
+            found = generation_prompt(codec)
+            with self._lock:
+                self._gen_prompts[key] = found
+                while len(self._gen_prompts) > 256:
+                    self._gen_prompts.popitem(last=False)
+        return found
 
     def _get(self, key: str) -> Turn | None:
         with self._lock:
