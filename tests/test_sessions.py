@@ -319,3 +319,35 @@ def test_collector_and_outcome_wire_formats(hf_tokenizer):
     assert (HEADER, RESPONSE_FIELD) == ("X-Session-Continuity", "session_continuity")
     assert SessionOutcome.fallback(Fallback.HISTORY_EDITED, 7).as_field() == {
         "status": "fallback", "reason": "history_edited", "divergence": None, "reused_tokens": 0, "new_tokens": 7}
+
+
+# Qwen3's rule: assistant turns before the last user query lose their <think> block.
+QWEN3_LIKE_TEMPLATE = (
+    "{%- set ns = namespace(last_query=-1) %}"
+    "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- set c = m['content'] or '' %}"
+    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_query %}"
+    "{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_tool_cycle_whose_reasoning_the_template_drops_later_keeps_the_model_ids(hf_tokenizer):
+    store = SessionStore()
+    chat = Conversation(hf_tokenizer, store, template=QWEN3_LIKE_TEMPLATE)
+    chat.turn(user("What is 6 x 7?"), "<think>\nUse the tool.\n</think>\n\nCalling calc.")
+    chat.turn({"role": "tool", "content": "42"}, "<think>\nDone.\n</think>\n\nIt is 42.")
+    ids3, _ = chat.send(user("And 6 x 8?"))  # a new query: both earlier turns lose <think> when rendered
+    (p1, c1), (p2, c2) = chat.turns
+    assert p2[:len(p1) + len(c1)] == p1 + c1 and ids3[:len(p2) + len(c2)] == p2 + c2
+    assert ids3[len(p2) + len(c2):] == hf_tokenizer.encode(
+        "\n<|im_start|>user\nAnd 6 x 8?<|im_end|>\n<|im_start|>assistant\n")
+    assert [o.header_value() for o in chat.outcomes] == [
+        "fallback; reason=unknown_session", "hit", "hit; divergence=history_rerendered"]
+    chat.messages[0]["content"] = "What is 6 x 9?"  # a real edit is still told apart
+    chat.send()
+    assert chat.outcomes[-1].reason is Fallback.HISTORY_EDITED

@@ -7,6 +7,9 @@
 - `hit; divergence=assistant_rerendered`: the same, but the chat template renders the previous
   assistant turn differently from the ids the model produced (e.g. it drops past reasoning or
   reformats tool calls); the model's ids were kept, so the prompt is NOT what a fresh render gives;
+- `hit; divergence=history_rerendered`: the same, for unchanged earlier turns that the template
+  renders differently now that the conversation grew (Qwen3 drops a tool cycle's reasoning once a
+  new user query arrives);
 - `fallback; reason=<reason>`: the proxy rendered the whole conversation (today's behaviour); the
   earlier turns' ids may differ from what the model produced.
 """
@@ -36,7 +39,8 @@ class Fallback(str, Enum):
 
 
 class Divergence(str, Enum):
-    ASSISTANT_RERENDERED = "assistant_rerendered"
+    ASSISTANT_RERENDERED = "assistant_rerendered"  # the previous assistant turn renders otherwise
+    HISTORY_RERENDERED = "history_rerendered"  # unchanged earlier turns render otherwise
 
 
 @dataclass(frozen=True, slots=True)

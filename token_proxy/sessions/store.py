@@ -73,8 +73,8 @@ class SessionStore:
         found = Fallback.UNKNOWN_SESSION if turn is None else continue_turn(turn, messages, full, codec)
         if isinstance(found, Fallback):
             return self._fallback(key, codec, full, found, rendering)
-        cut, divergence = found
-        new_ids = codec.encode(full[cut:], False)
+        suffix, divergence = found
+        new_ids = codec.encode(suffix, False)
         ids = [*turn.prompt_ids, *turn.completion_ids, *new_ids]
         outcome = SessionOutcome.hit(len(ids) - len(new_ids), len(new_ids), divergence)
         with self._lock:
