@@ -351,3 +351,23 @@ def test_a_tool_cycle_whose_reasoning_the_template_drops_later_keeps_the_model_i
     chat.messages[0]["content"] = "What is 6 x 9?"  # a real edit is still told apart
     chat.send()
     assert chat.outcomes[-1].reason is Fallback.HISTORY_EDITED
+
+
+async def test_session_key_from_header_or_body_and_the_executor_path(hf_tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from token_proxy.errors import InvalidRequest
+    from token_proxy.sessions import session_key
+
+    assert session_key({"X-Session-ID": "h"}, {"session_id": "b"}) == "h"
+    assert session_key({}, {"session_id": "b"}) == "b"
+    assert session_key({}, {}) is None and session_key({}, {"session_id": ""}) is None
+    for body in ({"session_id": 7}, {"session_id": "x" * 257}):
+        with pytest.raises(InvalidRequest) as err:
+            session_key({}, body)
+        assert err.value.param == "session_id"
+    store = SessionStore()
+    prompt = ChatPrompt(messages=[user("Hi")])
+    with ThreadPoolExecutor(1) as pool:
+        plan = await store.prompt_ids_async(pool, "k", [user("Hi")], TemplateCodec(hf_tokenizer, prompt))
+    assert plan.ids == list(render_chat_ids(hf_tokenizer, prompt))

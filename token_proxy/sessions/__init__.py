@@ -1,18 +1,17 @@
 """Session continuity (issue #16): exact multi-turn prompt ids for clients that send only messages.
 
-    plan = store.prompt_ids(session_key, messages, TemplateCodec(tokenizer, chat_prompt))
+    key = session_key(request.headers, body)  # None: not a session request
+    plan = await store.prompt_ids_async(executor, key, messages, TemplateCodec(tokenizer, chat_prompt))
     ... generate with plan.ids; put plan.outcome in the header and the response field ...
     store.record(plan, completion_ids, finish_reason, returned_assistant_message)
 """
 
 from token_proxy.sessions.codec import ChatCodec, TemplateCodec
+from token_proxy.sessions.keys import SESSION_ID_FIELD, SESSION_ID_HEADER, session_key
 from token_proxy.sessions.metrics import SessionCollector
 from token_proxy.sessions.outcome import HEADER, RESPONSE_FIELD, Divergence, Fallback, SessionOutcome
 from token_proxy.sessions.store import SessionPlan, SessionStats, SessionStore
 
-SESSION_ID_HEADER = "X-Session-ID"  # what verifiers' clients send (verifiers/v1/clients/client.py)
-SESSION_ID_FIELD = "session_id"  # the same key in the request body, for clients that cannot set headers
-
 __all__ = ["HEADER", "RESPONSE_FIELD", "SESSION_ID_FIELD", "SESSION_ID_HEADER", "ChatCodec", "Divergence",
            "Fallback", "SessionCollector", "SessionOutcome", "SessionPlan", "SessionStats", "SessionStore",
-           "TemplateCodec"]
+           "TemplateCodec", "session_key"]

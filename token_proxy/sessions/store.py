@@ -10,10 +10,12 @@ serve the previous turn is an `unknown_session` fallback (rendered in full, repo
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from array import array
 from collections import Counter, OrderedDict
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import orjson
@@ -83,6 +85,11 @@ class SessionStore:
             self.stats.reused_tokens += outcome.reused_tokens
             self.stats.tokenized_tokens += len(new_ids)
         return SessionPlan(key, ids, outcome, rendering, codec)
+
+    async def prompt_ids_async(self, executor: Executor | None, key: str, messages: list[dict],
+                               codec: ChatCodec) -> SessionPlan:
+        """`prompt_ids` in the tokenizer executor (it renders and tokenizes; keep it off the event loop)."""
+        return await asyncio.get_running_loop().run_in_executor(executor, self.prompt_ids, key, messages, codec)
 
     def record(self, plan: SessionPlan, completion_ids: list[int], finish_reason: str, reply: dict) -> None:
         """Remember what the model produced for `plan` and the assistant message the client got.
