@@ -81,11 +81,11 @@ def main() -> None:
         codec = TemplateCodec(timed, ChatPrompt(messages=list(messages)))
         plan = store.prompt_ids("bench", list(messages), codec)
         if k in args.turns:
-            s_enc, s_total, s_chars = measure(lambda: store.prompt_ids("bench", list(messages), codec), timed,
+            s_enc, s_total, s_chars = measure(lambda c=codec: store.prompt_ids("bench", list(messages), c), timed,
                                               args.repeat)
             prompt = ChatPrompt(messages=list(messages))
             f_enc, f_total, f_chars = measure(
-                lambda: timed.encode(render_chat_text(timed, prompt), add_special_tokens=False), timed, args.repeat)
+                lambda p=prompt: timed.encode(render_chat_text(timed, p), add_special_tokens=False), timed, args.repeat)
             print(f"{k:>5} {len(plan.ids):>11} | {s_enc:>17.3f} {s_chars:>6} {s_total:>8.3f} | "
                   f"{f_enc:>14.3f} {f_chars:>7} {f_total:>8.3f} | {plan.outcome.header_value()}")
         text = ANSWER.format(k=k)

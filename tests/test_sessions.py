@@ -13,8 +13,16 @@ from prometheus_client import CollectorRegistry
 
 from tests.test_multiturn import EOS, THINKING_TEMPLATE
 from token_proxy.schemas.chat_request import parse_messages
-from token_proxy.sessions import (HEADER, RESPONSE_FIELD, Divergence, Fallback, SessionCollector, SessionOutcome,
-                                  SessionStore, TemplateCodec)
+from token_proxy.sessions import (
+    HEADER,
+    RESPONSE_FIELD,
+    Divergence,
+    Fallback,
+    SessionCollector,
+    SessionOutcome,
+    SessionStore,
+    TemplateCodec,
+)
 from token_proxy.tokenization.renderer import ChatPrompt, render_chat_ids
 
 TOOLS = [{"type": "function", "function": {

@@ -7,6 +7,8 @@ Wiring expected: the chat endpoint reads `X-Session-ID` (or body `session_id`), 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import openai
 import pytest
 
@@ -37,14 +39,14 @@ async def test_every_turn_extends_the_previous_prompt_and_completion(proxy):
     drifted = 0
     for seed in range(5):
         with_session = await three_turns(client, f"rollout-{seed}", seed)
-        for (prompt, completion, _, _), (following, _, header, field) in zip(with_session, with_session[1:]):
+        for (prompt, completion, _, _), (following, _, header, field) in pairwise(with_session):
             assert following[:len(prompt) + len(completion)] == prompt + completion
             assert header == "hit" and field["status"] == "hit"
         assert with_session[0][2] == "fallback; reason=unknown_session"
         without = await three_turns(client, None, seed)
         assert without[0][2] is None and without[0][3] is None
         drifted += any(following[:len(p) + len(c)] != p + c
-                       for (p, c, _, _), (following, _, _, _) in zip(without, without[1:]))
+                       for (p, c, _, _), (following, _, _, _) in pairwise(without))
     assert drifted >= 1  # the same sampled turns re-rendered without a session break the prefix
     await client.close()
 
