@@ -379,3 +379,13 @@ async def test_session_key_from_header_or_body_and_the_executor_path(hf_tokenize
     with ThreadPoolExecutor(1) as pool:
         plan = await store.prompt_ids_async(pool, "k", [user("Hi")], TemplateCodec(hf_tokenizer, prompt))
     assert plan.ids == list(render_chat_ids(hf_tokenizer, prompt))
+
+
+def test_a_render_the_session_logic_asks_for_itself_never_fails_the_request(hf_tokenizer):
+    """The stored reply has content null, which this template cannot render: that is a mismatch, not a 400."""
+    chat = Conversation(hf_tokenizer, SessionStore(), template=THINKING_TEMPLATE)
+    chat.turn(user("Weather?"), "Calling.", reply={"role": "assistant", "content": None, "tool_calls": [tool_call("{}")]},
+              returned={"role": "assistant", "content": "", "tool_calls": [tool_call("{}", call_id="call_9")]})
+    ids, _ = chat.send(user("Well?"))
+    assert chat.outcomes[1].reason is Fallback.ASSISTANT_EDITED
+    assert ids == list(render_chat_ids(hf_tokenizer, chat.prompt()))

@@ -28,6 +28,7 @@ from array import array
 from dataclasses import dataclass
 from itertools import takewhile
 
+from token_proxy.errors import InvalidRequest
 from token_proxy.sessions.codec import ChatCodec, digest_json, digest_text
 from token_proxy.sessions.messages import normalized, same_message
 from token_proxy.sessions.outcome import Divergence, Fallback
@@ -57,7 +58,7 @@ class Turn:
     completion_digest: bytes
     stop_text: str | None  # the text of the completion's final special token, if any
     finish_reason: str
-    reply: dict  # the assistant message the proxy returned
+    reply: dict  # the assistant message the proxy returned, as returned
     nbytes: int
 
 
@@ -70,8 +71,8 @@ def rendering_of(messages: list[dict], full: str, codec: ChatCodec, gen_prompt: 
     if gen_prompt and full.endswith(gen_prompt):
         base = full[:len(full) - len(gen_prompt)]
     else:
-        base = codec.render(messages, False)
-        gen_prompt = full[len(base):] if full.startswith(base) else None
+        base = _render_or_none(codec, messages, False) or full
+        gen_prompt = full[len(base):] if full.startswith(base) and base != full else None
     return Rendering(codec.tools_key, codec.template_key, len(messages), len(base), digest_text(base), gen_prompt,
                      messages_digest(messages))
 
@@ -83,8 +84,18 @@ def messages_digest(messages: list[dict]) -> bytes:
 def generation_prompt(codec: ChatCodec) -> str:
     """What the template appends for a new assistant turn, found on a one-message probe."""
     probe = [{"role": "user", "content": "?"}]
-    with_prompt, without = codec.render(probe, True), codec.render(probe, False)
-    return with_prompt[len(without):] if with_prompt.startswith(without) else ""
+    with_prompt, without = _render_or_none(codec, probe), _render_or_none(codec, probe, False)
+    if with_prompt is None or without is None or not with_prompt.startswith(without):
+        return ""
+    return with_prompt[len(without):]
+
+
+def _render_or_none(codec: ChatCodec, messages: list[dict], add_generation_prompt: bool = True) -> str | None:
+    """A render the session logic asks for itself: a template that refuses it means "no match", not a 400."""
+    try:
+        return codec.render(messages, add_generation_prompt)
+    except InvalidRequest:
+        return None
 
 
 def continue_turn(turn: Turn, messages: list[dict], full: str,
@@ -104,7 +115,7 @@ def continue_turn(turn: Turn, messages: list[dict], full: str,
     history_renders_the_same = digest_text(full[:ref.base_len]) == ref.base_digest
     if not history_renders_the_same and messages_digest(messages[:n]) != ref.messages_digest:
         return Fallback.HISTORY_EDITED
-    if not same_message(messages[n], turn.reply) and codec.render([*messages[:n], turn.reply, *new], True) != full:
+    if not same_message(messages[n], turn.reply) and _render_or_none(codec, [*messages[:n], turn.reply, *new]) != full:
         return Fallback.ASSISTANT_EDITED
     if not history_renders_the_same:
         return _suffix_on_probe(turn, messages, new, codec)
@@ -135,8 +146,9 @@ def _suffix_on_probe(turn: Turn, messages: list[dict], new: list[dict],
         return Fallback.TRUNCATED_TURN if turn.finish_reason == "length" else Fallback.TEMPLATE_MISMATCH
     lead = takewhile(lambda m: m.get("role") in ("system", "developer"), messages)
     opening = [*lead, {"role": "user", "content": "?"}]
-    text = codec.render([*opening, {"role": "assistant", "content": "?"}, *new], True)
-    at = text.find(turn.stop_text, len(codec.render(opening, True)))
+    text = _render_or_none(codec, [*opening, {"role": "assistant", "content": "?"}, *new])
+    start = _render_or_none(codec, opening)
+    at = -1 if text is None or start is None else text.find(turn.stop_text, len(start))
     if at < 0:
         return Fallback.TEMPLATE_MISMATCH
     return text[at + len(turn.stop_text):], Divergence.HISTORY_RERENDERED

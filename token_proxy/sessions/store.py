@@ -22,7 +22,6 @@ import orjson
 
 from token_proxy.sessions.codec import ChatCodec, digest_text
 from token_proxy.sessions.continuation import Rendering, Turn, continue_turn, generation_prompt, rendering_of
-from token_proxy.sessions.messages import normalized
 from token_proxy.sessions.outcome import Fallback, SessionOutcome
 
 _TURN_OVERHEAD_BYTES = 400  # the record, its arrays' headers, digests and the dict slot
@@ -170,9 +169,9 @@ def _turn(plan: SessionPlan, completion_ids: list[int], finish_reason: str, repl
     codec = plan.codec
     text = codec.decode(completion_ids)
     stop_text = codec.special_text(completion_ids[-1]) if completion_ids and finish_reason != "length" else None
-    reply = normalized(reply)
+    reply = dict(reply)
     prompt, completion = array("i", plan.ids), array("i", completion_ids)
-    nbytes = (prompt.itemsize * (len(prompt) + len(completion)) + len(orjson.dumps(reply))
+    nbytes = (prompt.itemsize * (len(prompt) + len(completion)) + len(orjson.dumps(reply, default=str))
               + len(plan.rendering.gen_prompt or "") + _TURN_OVERHEAD_BYTES)
     return Turn(plan.rendering, prompt, completion, len(text), digest_text(text), stop_text, finish_reason,
                 reply, nbytes)
