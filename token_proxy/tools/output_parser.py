@@ -53,6 +53,8 @@ class OutputParsing:
             content = None  # all reasoning, or nothing after `</think>`
         elif scan.calls and not content.strip():
             content = None  # whitespace beside tool calls is dropped
+        elif not content and split.rest:
+            content = None  # all of it was (incomplete) call markup
         if self.forced:
             return content or ""
         return content
@@ -92,11 +94,11 @@ class StreamParser:
 
     def _advance(self, delta: str | None, final: bool) -> list[DeltaEvent]:
         events: list[DeltaEvent] = []
-        if self._rest_start is None:
+        rest_seen = self._rest_start is not None  # scanned before: the shortcut may apply to this delta
+        if not rest_seen:
             self._advance_reasoning(delta, final, events)
         if self._rest_start is not None:
-            rest_delta = delta if delta is not None and len(self._text) - len(delta) >= self._rest_start else None
-            self._advance_rest(rest_delta, final, events)
+            self._advance_rest(delta if rest_seen else None, final, events)
         return events
 
     def _advance_reasoning(self, delta: str | None, final: bool, events: list[DeltaEvent]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from token_proxy.tools.calls import FunctionCall, IdFactory, vllm_call_id
-from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments, first_json
+from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments, first_json, held_back
 
 START, END = "<tool_call>", "</tool_call>"
 
@@ -35,8 +35,9 @@ def tagged_regions(text: str, start_tag: str, end_tag: str, final: bool) -> list
         body_start = start + len(start_tag)
         end = text.find(end_tag, body_start)
         if end < 0:
-            if final:
-                bodies.append(text[body_start:])
+            if final:  # a partial end tag at the very end does not spoil the body
+                body = text[body_start:]
+                bodies.append(body[: len(body) - held_back(body, (end_tag,))])
             break
         bodies.append(text[body_start:end])
         pos = end + len(end_tag)
