@@ -7,6 +7,7 @@ call), `output_parsing(...)` → OutputParsing; per choice: `parsing.parse(text)
 
 from token_proxy.tools.calls import DeltaEvent, FunctionCall, ParsedOutput, ToolCall, merge_deltas
 from token_proxy.tools.formats import TOOL_PARSERS
+from token_proxy.tools.history import messages_for_template
 from token_proxy.tools.output_parser import OutputParsing, StreamParser
 from token_proxy.tools.reasoning import REASONING_PARSERS
 from token_proxy.tools.request import (
@@ -14,6 +15,7 @@ from token_proxy.tools.request import (
     effective_tool_choice,
     finish_reason,
     output_parsing,
+    sampling_overrides,
     tools_for_template,
     validate_tools,
 )
@@ -33,8 +35,10 @@ __all__ = [
     "effective_tool_choice",
     "finish_reason",
     "merge_deltas",
+    "messages_for_template",
     "output_parsing",
     "parser_for_template",
+    "sampling_overrides",
     "tools_for_template",
     "validate_tools",
 ]

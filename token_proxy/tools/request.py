@@ -196,6 +196,13 @@ def output_parsing(
     )
 
 
+def sampling_overrides(parsing: OutputParsing) -> dict:
+    """SGLang sampling_params a parsed request needs: tool-call markers are special tokens in
+    several families ([TOOL_CALLS], <|python_tag|>, DeepSeek's), and SGLang's default
+    skip_special_tokens=True would strip them from the text (vLLM's parsers set it false too)."""
+    return {"skip_special_tokens": False} if parsing.tool_format is not None else {}
+
+
 def finish_reason(engine_finish_reason: str | None, tool_choice: object, has_tool_calls: bool) -> str:
     """vLLM's resolve_finish_reason: "tool_calls" only for calls made on a natural stop, and not
     for a named function (OpenAI says "stop" there); "length" stays "length"."""
