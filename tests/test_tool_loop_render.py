@@ -18,12 +18,12 @@ A = json.dumps(ARGS, ensure_ascii=False)
 # What each family's model writes for one call, and the token that ends its turn.
 COMPLETIONS = {
     "hermes": (f'<tool_call>\n{{"name": "get_weather", "arguments": {A}}}\n</tool_call>', "<|im_end|>"),
-    "qwen3_coder": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
-                    "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>", "<|im_end|>"),
+    "qwen3_coder": (("<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n"
+                     "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>"), "<|im_end|>"),
     "llama3_json": (f'<|python_tag|>{{"name": "get_weather", "parameters": {A}}}', "<|eom_id|>"),
     "mistral": (f"[TOOL_CALLS]get_weather[ARGS]{A}", "</s>"),
-    "deepseek_v3": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                    f"{A}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "<｜end▁of▁sentence｜>"),
+    "deepseek_v3": (("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                     f"{A}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"), "<｜end▁of▁sentence｜>"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -40,11 +41,15 @@ def run_stream(parsing: OutputParsing, pieces: list[str]):
 
 
 def splits(text: str):
-    """The text fed whole, char by char, and cut once at every boundary."""
+    """The text fed whole, char by char, cut once at every boundary, and cut at random places."""
     yield [text]
     yield list(text)
     for cut in range(1, len(text)):
         yield [text[:cut], text[cut:]]
+    rng = random.Random(len(text))
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(2, 12))))
+        yield [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
 def assert_stream_matches(parsing: OutputParsing, text: str):
@@ -182,7 +187,7 @@ def test_llama3_python_tag_and_several_calls():
 
 
 def test_llama3_plain_json_answer_and_prose_stay_content():
-    assert_stream_matches(auto("llama3_json"), '{"answer": 42}').content == '{"answer": 42}'
+    assert assert_stream_matches(auto("llama3_json"), '{"answer": 42}').content == '{"answer": 42}'
     parsed = assert_stream_matches(auto("llama3_json"), 'The {"name": "x"} thing')
     assert parsed.content == 'The {"name": "x"} thing' and parsed.tool_calls == []
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import secrets
 import string
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 IdFactory = Callable[[], str]
 

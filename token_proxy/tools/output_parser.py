@@ -64,27 +64,37 @@ class OutputParsing:
 
 
 class StreamParser:
-    """One choice's incremental parser: vLLM's delta sequence, nothing half-parsed leaked."""
+    """One choice's incremental parser: vLLM's delta sequence, nothing half-parsed leaked.
+
+    Work per delta stays proportional to the delta, not to the text so far: only the text
+    after what was already emitted (`_tail`) is rescanned. That is exact because no marker can
+    start inside emitted text: a marker's possible beginning is always held back. Formats whose
+    content is not a plain prefix (llama3_json, deepseek_v3) rescan the whole rest once a
+    marker character shows up.
+    """
 
     def __init__(self, parsing: OutputParsing):
         self._parsing = parsing
-        self._text = ""
-        self._reasoning_sent = 0
+        self._chunks: list[str] = []  # the whole text, joined only when a full rescan needs it
+        self._tail = ""  # the text after what was emitted (reasoning, then content)
+        self._body_started = False  # whether it is known if the output opens with <think>
+        self._in_rest = parsing.reasoning is None
+        self._rest_start = 0  # where the text after reasoning begins
         self._content_sent = 0
-        self._rest_start: int | None = None if parsing.reasoning else 0
-        self._pure_reasoning = self._pure_content = True
+        self._pure_content = True  # so far the rest is all emitted content (no call, nothing held)
         self.tool_calls: list[ToolCall] = []  # the calls streamed so far, with their ids
         self.finished: ParsedOutput | None = None
 
     def feed(self, delta_text: str) -> list[DeltaEvent]:
-        self._text += delta_text
+        self._chunks.append(delta_text)
+        self._tail += delta_text
         return self._advance(delta_text, final=False)
 
     def finish(self) -> list[DeltaEvent]:
         """Flush what was held back (partial markers; a last call closed only by the end)."""
         events = self._advance(None, final=True)
-        parsing = self._parsing
-        split = parsing.split(self._text, final=True)
+        parsing, text = self._parsing, "".join(self._chunks)
+        split = parsing.split(text, final=True)
         self.finished = ParsedOutput(
             reasoning=split.reasoning if parsing.reasoning else None,
             content=parsing.content(split, parsing.scan(split.rest, final=True)),
@@ -94,52 +104,59 @@ class StreamParser:
 
     def _advance(self, delta: str | None, final: bool) -> list[DeltaEvent]:
         events: list[DeltaEvent] = []
-        rest_seen = self._rest_start is not None  # scanned before: the shortcut may apply to this delta
-        if not rest_seen:
-            self._advance_reasoning(delta, final, events)
-        if self._rest_start is not None:
-            self._advance_rest(delta if rest_seen else None, final, events)
+        if self._in_rest:
+            self._advance_rest(delta, final, events)
+        elif self._advance_reasoning(final, events):
+            self._advance_rest(None, final, events)
         return events
 
-    def _advance_reasoning(self, delta: str | None, final: bool, events: list[DeltaEvent]) -> None:
+    def _advance_reasoning(self, final: bool, events: list[DeltaEvent]) -> bool:
+        """Emit new reasoning; True once reasoning ended (`_tail` is then the rest)."""
         think = self._parsing.reasoning
-        if not final and self._pure_reasoning and delta is not None and not _has_any(delta, think.triggers):
-            reasoning = self._text[len(think.start):] if self._text.startswith(think.start) else self._text
-            rest = None
+        if not self._body_started:
+            if not final and len(self._tail) < len(think.start) and think.start.startswith(self._tail):
+                return False  # maybe `<think>`, still arriving
+            self._body_started = True
+            self._tail = self._tail.removeprefix(think.start)
+        if not final and not _has_any(self._tail, think.end_triggers):
+            split = ReasoningSplit(self._tail, None)  # no end marker can start in it
         else:
-            split = think.split(self._text, final)
-            reasoning, rest = split.reasoning, split.rest
-        body_len = len(self._text) - (len(think.start) if self._text.startswith(think.start) else 0)
-        self._pure_reasoning = rest is None and len(reasoning) == body_len
-        self._emit_text("reasoning", reasoning, events)
-        if rest is not None:
-            self._rest_start = len(self._text) - len(rest)
+            split = think.split_body(self._tail, final)
+        if split.reasoning:
+            events.append(DeltaEvent("reasoning", split.reasoning))
+        if split.rest is None:
+            self._tail = self._tail[len(split.reasoning) :]
+            return False
+        self._in_rest = True
+        self._rest_start = sum(map(len, self._chunks)) - len(split.rest)
+        self._tail = split.rest
+        return True
 
     def _advance_rest(self, delta: str | None, final: bool, events: list[DeltaEvent]) -> None:
-        parsing, rest = self._parsing, self._text[self._rest_start:]
+        parsing = self._parsing
         fmt = parsing.tool_format
-        shortcut = fmt is None or (
-            not final and self._pure_content and delta is not None and fmt.triggers
-            and not _has_any(delta, fmt.triggers)
-        )
-        scan = Scan(content=rest) if shortcut else parsing.scan(rest, final)
-        self._pure_content = not scan.calls and scan.content == rest
-        self._emit_text("content", scan.content, events)
+        if fmt is None or fmt.prefix_content or (
+            not final and self._pure_content and delta and fmt.triggers and not _has_any(delta, fmt.triggers)
+        ):  # the tail is all there is to scan
+            plain = fmt is None or not fmt.prefix_content or (not final and not _has_any(self._tail, fmt.triggers))
+            scan = Scan(content=self._tail) if plain else parsing.scan(self._tail, final)
+            new_content = scan.content
+        else:
+            rest = "".join(self._chunks)[self._rest_start :]
+            scan = parsing.scan(rest, final)
+            self._pure_content = not scan.calls and scan.content == rest
+            new_content = scan.content[self._content_sent :]
+            self._tail = rest[self._content_sent :]
+        if new_content:
+            events.append(DeltaEvent("content", new_content))
+            self._content_sent += len(new_content)
+            self._tail = self._tail[len(new_content) :]
         for index in range(len(self.tool_calls), len(scan.calls)):
             call = scan.calls[index]
             tool_call = ToolCall(fmt.new_id(), call.name, call.arguments)
             self.tool_calls.append(tool_call)
             events.append(DeltaEvent("tool_call", index=index, id=tool_call.id, name=call.name))
             events.append(DeltaEvent("arguments", text=call.arguments, index=index))
-
-    def _emit_text(self, kind: str, text: str, events: list[DeltaEvent]) -> None:
-        sent = self._reasoning_sent if kind == "reasoning" else self._content_sent
-        if len(text) > sent:
-            events.append(DeltaEvent(kind, text[sent:]))
-            if kind == "reasoning":
-                self._reasoning_sent = len(text)
-            else:
-                self._content_sent = len(text)
 
 
 def _has_any(text: str, chars: str) -> bool:

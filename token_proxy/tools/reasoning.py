@@ -38,20 +38,24 @@ class ThinkFormat:
     def split(self, text: str, final: bool) -> ReasoningSplit:
         if not final and len(text) < len(self.start) and self.start.startswith(text):
             return ReasoningSplit("", None)  # maybe `<think>`, still arriving
-        body = text[len(self.start):] if text.startswith(self.start) else text
+        return self.split_body(text.removeprefix(self.start), final)
+
+    def split_body(self, body: str, final: bool) -> ReasoningSplit:
+        """`split` after the leading `<think>` (streams resume here, after what they sent)."""
         ends = [(i, marker) for marker in (self.end, *self.implicit_ends) if (i := body.find(marker)) >= 0]
         if ends:
             at, marker = min(ends)
             skip = len(marker) if marker == self.end else 0
-            return ReasoningSplit(body[:at], body[at + skip:])
+            return ReasoningSplit(body[:at], body[at + skip :])
         if final:
             return ReasoningSplit(body, None)
         return ReasoningSplit(body[: len(body) - held_back(body, (self.end, *self.implicit_ends))], None)
 
+
     @property
-    def triggers(self) -> str:
-        """First characters of every marker: a delta without them cannot change how earlier text splits."""
-        return "".join({m[0] for m in (self.start, self.end, *self.implicit_ends)})
+    def end_triggers(self) -> str:
+        """First characters of the markers that end reasoning: text without them cannot end it."""
+        return "".join({marker[0] for marker in (self.end, *self.implicit_ends)})
 
 
 REASONING_PARSERS: dict[str, ThinkFormat] = {

@@ -35,6 +35,7 @@ class DeepSeekV3Format:
     name: str = "deepseek_v3"
     new_id: IdFactory = vllm_call_id
     triggers: str = '<'  # first characters of the markers (see ToolFormat)
+    prefix_content: bool = False  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         start = text.find(CALLS_BEGIN)

@@ -38,6 +38,7 @@ class RequiredFormat:
     name: str = "required"
     new_id: IdFactory = vllm_call_id
     triggers: str = ""  # empty: no shortcut, always rescanned
+    prefix_content: bool = False  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         calls = [
@@ -54,6 +55,7 @@ class NamedFormat:
     name: str = "named"
     new_id: IdFactory = vllm_call_id
     triggers: str = ""  # empty: no shortcut, always rescanned
+    prefix_content: bool = False  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         parsed = first_json(text)

@@ -49,6 +49,7 @@ class HermesFormat:
     name: str = "hermes"
     new_id: IdFactory = vllm_call_id
     triggers: str = '<'  # first characters of the markers (see ToolFormat)
+    prefix_content: bool = True  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         content = content_before(text, text.find(START), final, (START,))

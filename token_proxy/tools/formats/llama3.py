@@ -47,13 +47,14 @@ class Llama3JsonFormat:
     name: str = "llama3_json"
     new_id: IdFactory = vllm_call_id
     triggers: str = '{<'  # first characters of the markers (see ToolFormat)
+    prefix_content: bool = False  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         if not text.startswith("{") and not text.startswith(PYTHON_TAG):
             if not final and PYTHON_TAG.startswith(text):
                 return Scan()  # maybe the tag, still arriving
             return Scan(content=text)
-        region = text[len(PYTHON_TAG):] if text.startswith(PYTHON_TAG) else text
+        region = text.removeprefix(PYTHON_TAG)
         values, _ = _objects(region)
         calls = [call for call in map(_as_call, values) if call is not None]
         if final and not calls and not _CALL_START.match(region):

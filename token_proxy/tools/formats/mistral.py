@@ -44,6 +44,7 @@ class MistralFormat:
     name: str = "mistral"
     new_id: IdFactory = mistral_call_id
     triggers: str = '['  # first characters of the markers (see ToolFormat)
+    prefix_content: bool = True  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         start = text.find(TOOL_CALLS)

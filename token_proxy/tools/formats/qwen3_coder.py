@@ -92,8 +92,8 @@ def _call(body: str, tools: list | None) -> FunctionCall | None:
         if ">" not in match:
             continue
         param, value = match.split(">", 1)
-        value = value[1:] if value.startswith("\n") else value
-        value = value[:-1] if value.endswith("\n") else value
+        value = value.removeprefix("\n")
+        value = value.removesuffix("\n")
         arguments[param] = convert_value(value, types.get(param), param in types)
     return FunctionCall(name, dump_arguments(arguments))
 
@@ -103,6 +103,7 @@ class Qwen3CoderFormat:
     name: str = "qwen3_coder"
     new_id: IdFactory = vllm_call_id
     triggers: str = '<'  # first characters of the markers (see ToolFormat)
+    prefix_content: bool = True  # see ToolFormat
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         starts = [i for i in (text.find(TOOL_START), text.find(FUNC_PREFIX)) if i >= 0]

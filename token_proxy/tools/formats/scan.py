@@ -29,6 +29,9 @@ class ToolFormat(Protocol):
     # First characters of the format's markers. While a scan is all content (nothing held
     # back, no call), a delta without any of them only extends the content: no rescan needed.
     triggers: str
+    # Content is exactly the text before the first call marker: a stream may then rescan only
+    # the text after what it already emitted (hermes, qwen3_coder, mistral).
+    prefix_content: bool
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan: ...
 
