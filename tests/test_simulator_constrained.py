@@ -77,10 +77,12 @@ async def test_cut_short_by_max_new_tokens(sim, aiohttp_client):
     assert parsing.parse(reply["text"]).tool_calls == []  # no half call
 
 
-async def test_invalid_schema_is_a_400(sim, aiohttp_client):
+async def test_invalid_schema_aborts_as_sglang_does(sim, aiohttp_client):
     client = await aiohttp_client(sim)
     response = await client.post("/generate", json={"text": "x", "sampling_params": {"json_schema": "{nope"}})
-    assert response.status == 400
+    body = await response.json()
+    assert response.status == 400, body
+    assert body["error"]["message"].startswith("Failed to compile json grammar: "), body
 
 
 def test_forced_ids_decode_to_the_document(tokenizer_dir):

@@ -12,32 +12,33 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from token_proxy.simulator.errors import BadRequest
-
 _MAX_DEPTH = 8
 
 
 def forced_output_ids(json_schema: str, prompt: list[int], encode) -> tuple[int, ...]:
     """The token ids of a document valid under `json_schema` (a JSON string, as SGLang takes it)."""
-    try:
-        schema = json.loads(json_schema)
-    except json.JSONDecodeError as exc:
-        raise BadRequest(f"Invalid json_schema: {exc}") from exc
+    schema = json.loads(json_schema)  # JSONDecodeError is a ValueError: see with_forced_outputs
     if not isinstance(schema, dict):
-        raise BadRequest("Invalid json_schema: not an object")
+        raise ValueError("the schema is not a JSON object")  # noqa: TRY004 (a bad value, reported as SGLang does)
     seed = sum(prompt) + len(prompt)
     value = _Instance(schema, seed).of(schema, 0)
     return tuple(encode(json.dumps(value, ensure_ascii=False)))
 
 
 def with_forced_outputs(sequences: list, encode) -> list:
-    """SequenceSpecs with `forced_ids` set where their sampling_params carry a json_schema."""
-    return [
-        replace(spec, forced_ids=forced_output_ids(spec.params.json_schema, spec.prompt, encode))
-        if spec.params.json_schema
-        else spec
-        for spec in sequences
-    ]
+    """SequenceSpecs with `forced_ids` set where their sampling_params carry a json_schema.
+
+    A schema that does not compile aborts the request as SGLang's grammar manager does
+    (FINISH_ABORT, 400 BadRequestError, "Failed to compile json grammar: ...").
+    """
+    return [_constrained(spec, encode) if spec.params.json_schema else spec for spec in sequences]
+
+
+def _constrained(spec, encode):
+    try:
+        return replace(spec, forced_ids=forced_output_ids(spec.params.json_schema, spec.prompt, encode))
+    except ValueError as exc:
+        return replace(spec, input_error=f"Failed to compile json grammar: {exc}")
 
 
 class _Instance:
