@@ -164,3 +164,17 @@ def test_template_detection_edges(caplog):
     assert choose_tool_parser("mistral", CHAT_TEMPLATE) == "mistral"
     assert choose_tool_parser(None, CHAT_TEMPLATE) == "hermes"
     assert "detected from the chat template" in caplog.text
+
+
+def test_flag_checks():
+    from token_proxy.tools import check_flags
+
+    check_flags(None, False, None)
+    check_flags("hermes", True, "qwen3")
+    check_flags("hermes", False, None)  # parser without auto: "required"/named still refused per request
+    with pytest.raises(ValueError, match="^Error: --enable-auto-tool-choice requires --tool-call-parser$"):
+        check_flags(None, True, None)
+    with pytest.raises(ValueError, match="--tool-call-parser 'nope' is not one of deepseek_v3, hermes"):
+        check_flags("nope", True, None)
+    with pytest.raises(ValueError, match="--reasoning-parser 'r2'"):
+        check_flags(None, False, "r2")

@@ -11,6 +11,7 @@ from token_proxy.tools.history import messages_for_template
 from token_proxy.tools.output_parser import OutputParsing, StreamParser
 from token_proxy.tools.reasoning import REASONING_PARSERS
 from token_proxy.tools.request import (
+    check_flags,
     constraint_for,
     effective_tool_choice,
     finish_reason,
@@ -30,6 +31,7 @@ __all__ = [
     "ParsedOutput",
     "StreamParser",
     "ToolCall",
+    "check_flags",
     "choose_tool_parser",
     "constraint_for",
     "effective_tool_choice",

@@ -210,3 +210,15 @@ def finish_reason(engine_finish_reason: str | None, tool_choice: object, has_too
     if has_tool_calls and reason == "stop" and not isinstance(tool_choice, dict):
         return "tool_calls"
     return reason
+
+
+def check_flags(tool_call_parser: str | None, enable_auto_tool_choice: bool, reasoning_parser: str | None) -> None:
+    """Startup checks on the three flags (vLLM's wording where vLLM has one); ValueError for the CLI."""
+    if enable_auto_tool_choice and not tool_call_parser:
+        raise ValueError("Error: --enable-auto-tool-choice requires --tool-call-parser")
+    if tool_call_parser and tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(f"--tool-call-parser {tool_call_parser!r} is not one of {', '.join(sorted(TOOL_PARSERS))}")
+    if reasoning_parser and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"--reasoning-parser {reasoning_parser!r} is not one of {', '.join(sorted(REASONING_PARSERS))}"
+        )
