@@ -211,6 +211,9 @@ def test_mistral_v11_calls_keep_raw_arguments_and_mistral_ids():
 def test_mistral_pre_v11_list_and_truncation():
     text = '[TOOL_CALLS] [{"name": "search", "arguments": {"query": "x"}}, {"name": "get_weather", "arguments": {}}]'
     assert calls_of(assert_stream_matches(auto("mistral"), text)) == [("search", {"query": "x"}), ("get_weather", {})]
+    odd = '[TOOL_CALLS][{"name": "now"}, {"name": "search", "arguments": "{\\"query\\": 1}"}]'
+    assert [(c.name, c.arguments) for c in assert_stream_matches(auto("mistral"), odd).tool_calls] == [
+        ("now", "{}"), ("search", '{"query": 1}')]
     truncated = assert_stream_matches(auto("mistral"), '[TOOL_CALLS]search[ARGS]{"query": "x')
     assert truncated.tool_calls == [] and truncated.content is None
 

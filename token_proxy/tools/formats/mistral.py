@@ -15,6 +15,13 @@ from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments,
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 
 
+def _pre_v11_arguments(arguments: object) -> str:
+    """vLLM's _pre_v11_function_calls: missing → "{}", a string is kept as it is, else json.dumps."""
+    if arguments is None:
+        return "{}"
+    return arguments if isinstance(arguments, str) else dump_arguments(arguments)
+
+
 def _segment_calls(segment: str) -> list[FunctionCall]:
     stripped = segment.lstrip()
     if stripped.startswith(("[", "{")):  # pre-v11: a JSON list (or one object) of {"name", "arguments"}
@@ -23,7 +30,7 @@ def _segment_calls(segment: str) -> list[FunctionCall]:
             return []
         items = parsed[0] if isinstance(parsed[0], list) else [parsed[0]]
         return [
-            FunctionCall(item["name"], dump_arguments(item.get("arguments", {})))
+            FunctionCall(item["name"], _pre_v11_arguments(item.get("arguments")))
             for item in items
             if isinstance(item, dict) and isinstance(item.get("name"), str)
         ]
