@@ -311,3 +311,14 @@ def test_registered_names_match_vllm():
     assert set(TOOL_PARSERS) == {"hermes", "qwen3_json", "qwen3_coder", "qwen3_xml", "llama3_json", "llama4_json",
                                  "mistral", "deepseek_v3"}
     assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3", "deepseek_v3", "step3", "minimax_m2"}
+
+
+def test_include_reasoning_false_drops_reasoning_and_hides_metadata():
+    parsing = auto("hermes", "qwen3", include_reasoning=False)
+    text = "<think>secret</think>ok"
+    assert (parsing.parse(text).reasoning, parsing.parse(text).content) == (None, "ok")
+    stream, events = run_stream(parsing, list(text))
+    assert merge_deltas(events) == {"content": "ok"} and stream.finished.reasoning is None
+    assert parsing.hides_token_metadata and not auto("hermes", "qwen3").hides_token_metadata
+    plain = output_parsing(None, None, tool_parser=None, auto_tool_choice=False, include_reasoning=False)
+    assert not plain.hides_token_metadata  # no parser configured: vLLM keeps logprobs and token_ids

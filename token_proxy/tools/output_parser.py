@@ -22,15 +22,22 @@ class OutputParsing:
     tools: list | None = None  # the request's tools (qwen3_coder converts values by their schema)
     forced: bool = False  # "required" or a named function: content is at least ""
     single_call: bool = False  # parallel_tool_calls: false keeps the first call only
+    include_reasoning: bool = True  # the request's include_reasoning: false drops reasoning everywhere
+    # vLLM also drops logprobs and token_ids (stream and whole) when the server has a parser and the
+    # request says include_reasoning: false, so hidden reasoning cannot leak through them.
+    hides_token_metadata: bool = False
 
     def parse(self, text: str) -> ParsedOutput:
         split = self.split(text, final=True)
         scan = self.scan(split.rest, final=True)
         return ParsedOutput(
-            reasoning=split.reasoning if self.reasoning else None,
+            reasoning=self.shown_reasoning(split),
             content=self.content(split, scan),
             tool_calls=[self._with_id(call) for call in scan.calls],
         )
+
+    def shown_reasoning(self, split: ReasoningSplit) -> str | None:
+        return split.reasoning if self.reasoning and self.include_reasoning else None
 
     def stream(self) -> StreamParser:
         return StreamParser(self)
@@ -96,7 +103,7 @@ class StreamParser:
         parsing, text = self._parsing, "".join(self._chunks)
         split = parsing.split(text, final=True)
         self.finished = ParsedOutput(
-            reasoning=split.reasoning if parsing.reasoning else None,
+            reasoning=parsing.shown_reasoning(split),
             content=parsing.content(split, parsing.scan(split.rest, final=True)),
             tool_calls=list(self.tool_calls),
         )
@@ -122,7 +129,7 @@ class StreamParser:
             split = ReasoningSplit(self._tail, None)  # no end marker can start in it
         else:
             split = think.split_body(self._tail, final)
-        if split.reasoning:
+        if split.reasoning and self._parsing.include_reasoning:
             events.append(DeltaEvent("reasoning", split.reasoning))
         if split.rest is None:
             self._tail = self._tail[len(split.reasoning) :]

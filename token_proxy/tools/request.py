@@ -173,8 +173,13 @@ def output_parsing(
     reasoning_parser: str | None = None,
     chat_template_kwargs: dict | None = None,
     parallel_tool_calls: bool | None = True,
+    include_reasoning: bool = True,
 ) -> OutputParsing:
-    """How to parse this request's completions (call after validate_tools)."""
+    """How to parse this request's completions (call after validate_tools).
+
+    `tool_parser`, `auto_tool_choice` and `reasoning_parser` are the server's flags; the rest
+    are the request's fields (tool_choice raw: None when absent).
+    """
     choice = effective_tool_choice(tools, tool_choice)
     think = REASONING_PARSERS.get(reasoning_parser) if reasoning_parser else None
     if think is not None and not think.thinking(chat_template_kwargs):
@@ -193,6 +198,8 @@ def output_parsing(
         tools=tools,
         forced=choice == "required" or isinstance(choice, dict),
         single_call=parallel_tool_calls is False,
+        include_reasoning=include_reasoning,
+        hides_token_metadata=not include_reasoning and bool((tool_parser and auto_tool_choice) or reasoning_parser),
     )
 
 
