@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, replace
 
 from token_proxy.simulator.config import SimConfig
+from token_proxy.simulator.constrained import with_forced_outputs
 from token_proxy.simulator.errors import BadRequest, RequestValidationError
 from token_proxy.simulator.sampling_params import SamplingParams, check_known_keys, parse_sampling_params
 
@@ -33,6 +34,7 @@ class SequenceSpec:
     logprobs: LogprobOptions | None
     return_prompt_token_ids: bool
     input_error: str | None  # the scheduler's own length check, reported as an abort
+    forced_ids: tuple[int, ...] = ()  # a json_schema constraint's output (simulator/constrained.py)
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ def parse_generate(body, config: SimConfig, encode) -> GenerateCall:
     rids = _logical_rids(body.get("rid"), len(prompts), is_single and n == 1)
     items = [_item(body, i, prompt, rids[i], raw_params, config) for i, prompt in enumerate(prompts)]
     _check_vocab(prompts, config.model_vocab_size)
-    sequences = _expand(items, n)
+    sequences = with_forced_outputs(_expand(items, n), encode)
     return GenerateCall(
         sequences=sequences, stream=bool(body.get("stream")), is_batch=not (is_single and n == 1)
     )

@@ -62,6 +62,7 @@ class SamplingParams:
     stream_interval: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)
     sampling_seed: int | None = None
+    json_schema: str | None = None  # honoured by simulator/constrained.py
 
     @property
     def greedy(self) -> bool:
@@ -122,6 +123,7 @@ def _build(raw: dict) -> SamplingParams:
     values["stop_token_ids"] = frozenset(t for t in raw.get("stop_token_ids") or () if t is not None)
     values["logit_bias"] = _parse_logit_bias(raw.get("logit_bias"))
     values["stream_interval"] = raw.get("stream_interval") or 1
+    values["json_schema"] = raw.get("json_schema") or None
     return SamplingParams(**values)
 
 

@@ -82,12 +82,24 @@ class Sequence:
         logits = candidate_logits(self._context, self._pending, self._vocab, self._eos_id)
         banned = self._min_ban if len(self.output_ids) < params.min_new_tokens else ()
         logits = adjust_logits(logits, params, self._counts, banned) or {self._vocab.clean_ids[0]: 0.0}
-        token_id = choose(logits, params, self._rng, len(self.spec.prompt) + len(self.output_ids))
+        token_id = self._forced_token(logits)
+        if token_id is None:
+            token_id = choose(logits, params, self._rng, len(self.spec.prompt) + len(self.output_ids))
         if self.logprobs:
             self.logprobs.record_output(token_id, logits)
         if not self.output_ids:
             self.timing.prefill_finished = time.time()
         self._accept(token_id)
+
+    def _forced_token(self, logits: dict[int, float]) -> int | None:
+        """Under a json_schema constraint: the document's next token, then EOS (made the top logit)."""
+        forced = self.spec.forced_ids
+        if not forced:
+            return None
+        done = len(self.output_ids)
+        token_id = forced[done] if done < len(forced) else self._eos_id
+        logits[token_id] = max(logits.values()) + 1.0
+        return token_id
 
     def _accept(self, token_id: int) -> None:
         self.output_ids.append(token_id)

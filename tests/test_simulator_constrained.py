@@ -1,0 +1,94 @@
+"""The simulator honours SGLang's json_schema constraint: the output validates against the schema."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from token_proxy.simulator.constrained import forced_output_ids
+from token_proxy.simulator.testing import stream_events
+from token_proxy.tools import constraint_for, output_parsing
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "required": ["city", "days"],
+        "properties": {"city": {"type": "string", "minLength": 5}, "days": {"type": "integer", "minimum": 3},
+                       "unit": {"enum": ["c", "f"]}, "when": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+                       "spots": {"type": "array", "items": {"$ref": "#/$defs/Spot"}, "minItems": 2}},
+        "$defs": {"Spot": {"type": "object", "properties": {"lat": {"type": "number"}, "ok": {"type": "boolean"}}}},
+    }}},
+    {"type": "function", "function": {"name": "now"}},
+]
+
+
+@pytest.fixture
+async def sim(make_sim):
+    return await make_sim()
+
+
+async def generate(sim, aiohttp_client, sampling_params, prompt="Call a tool.", stream=False):
+    client = await aiohttp_client(sim)
+    body = {"text": prompt, "sampling_params": {"temperature": 0, **sampling_params}, "stream": stream}
+    response = await client.post("/generate", json=body)
+    assert response.status == 200
+    return stream_events(await response.read()) if stream else await response.json()
+
+
+@pytest.mark.parametrize("prompt", ["Call a tool.", "Another prompt, another branch", "x"])
+async def test_required_output_is_a_schema_valid_call(sim, aiohttp_client, prompt):
+    constraint = constraint_for(TOOLS, "required")
+    reply = await generate(sim, aiohttp_client, {**constraint, "max_new_tokens": 200}, prompt)
+    document = json.loads(reply["text"])
+    jsonschema.validate(document, json.loads(constraint["json_schema"]))
+    assert reply["meta_info"]["finish_reason"]["type"] == "stop"
+    parsing = output_parsing(TOOLS, "required", tool_parser="hermes", auto_tool_choice=True)
+    parsed = parsing.parse(reply["text"])
+    assert [c.name for c in parsed.tool_calls] == [item["name"] for item in document]
+
+
+async def test_named_output_is_the_arguments(sim, aiohttp_client):
+    constraint = constraint_for(TOOLS, {"type": "function", "function": {"name": "get_weather"}})
+    reply = await generate(sim, aiohttp_client, {**constraint, "max_new_tokens": 200})
+    jsonschema.validate(json.loads(reply["text"]), TOOLS[0]["function"]["parameters"])
+    assert reply["meta_info"]["finish_reason"]["type"] == "stop"
+    parsing = output_parsing(TOOLS, {"type": "function", "function": {"name": "get_weather"}},
+                             tool_parser="hermes", auto_tool_choice=True)
+    assert [(c.name, json.loads(c.arguments)) for c in parsing.parse(reply["text"]).tool_calls] == [
+        ("get_weather", json.loads(reply["text"]))]
+
+
+async def test_streamed_output_is_the_same_document(sim, aiohttp_client):
+    constraint = constraint_for(TOOLS, "required")
+    whole = await generate(sim, aiohttp_client, {**constraint, "max_new_tokens": 200})
+    events = await generate(sim, aiohttp_client, {**constraint, "max_new_tokens": 200}, stream=True)
+    last = events[-1]  # cumulative stream (the simulator's default, as SGLang's)
+    assert (last["text"], last["output_ids"]) == (whole["text"], whole["output_ids"])
+    assert last["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+async def test_cut_short_by_max_new_tokens(sim, aiohttp_client):
+    constraint = constraint_for(TOOLS, "required")
+    reply = await generate(sim, aiohttp_client, {**constraint, "max_new_tokens": 5})
+    assert reply["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert len(reply["output_ids"]) == 5
+    parsing = output_parsing(TOOLS, "required", tool_parser="hermes", auto_tool_choice=True)
+    assert parsing.parse(reply["text"]).tool_calls == []  # no half call
+
+
+async def test_invalid_schema_aborts_as_sglang_does(sim, aiohttp_client):
+    client = await aiohttp_client(sim)
+    response = await client.post("/generate", json={"text": "x", "sampling_params": {"json_schema": "{nope"}})
+    body = await response.json()
+    assert response.status == 400, body
+    assert body["error"]["message"].startswith("Failed to compile json grammar: "), body
+
+
+def test_forced_ids_decode_to_the_document(tokenizer_dir):
+    from token_proxy.simulator.vocab import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    schema = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "number"}}}
+    ids = forced_output_ids(json.dumps(schema), [1, 2, 3], lambda text: tokenizer.encode(text).ids)
+    assert json.loads(tokenizer.decode(list(ids))) == {"q": "sim", "n": 1}

@@ -1,0 +1,101 @@
+"""SGLang's `json_schema` constraint, simulated: the output is a JSON document that satisfies the schema.
+
+Real SGLang masks logits with a grammar; the simulator instead picks one deterministic
+instance of the schema (varied by the prompt, so different prompts pick different
+`anyOf` branches, e.g. different tools of a "required" call), tokenizes it, and the
+sequence emits those tokens and then EOS. `max_new_tokens` still cuts it short, as it
+would cut a real constrained generation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+_MAX_DEPTH = 8
+
+
+def forced_output_ids(json_schema: str, prompt: list[int], encode) -> tuple[int, ...]:
+    """The token ids of a document valid under `json_schema` (a JSON string, as SGLang takes it)."""
+    schema = json.loads(json_schema)  # JSONDecodeError is a ValueError: see with_forced_outputs
+    if not isinstance(schema, dict):
+        raise ValueError("the schema is not a JSON object")  # noqa: TRY004 (a bad value, reported as SGLang does)
+    seed = sum(prompt) + len(prompt)
+    value = _Instance(schema, seed).of(schema, 0)
+    return tuple(encode(json.dumps(value, ensure_ascii=False)))
+
+
+def with_forced_outputs(sequences: list, encode) -> list:
+    """SequenceSpecs with `forced_ids` set where their sampling_params carry a json_schema.
+
+    A schema that does not compile aborts the request as SGLang's grammar manager does
+    (FINISH_ABORT, 400 BadRequestError, "Failed to compile json grammar: ...").
+    """
+    return [_constrained(spec, encode) if spec.params.json_schema else spec for spec in sequences]
+
+
+def _constrained(spec, encode):
+    try:
+        return replace(spec, forced_ids=forced_output_ids(spec.params.json_schema, spec.prompt, encode))
+    except ValueError as exc:
+        return replace(spec, input_error=f"Failed to compile json grammar: {exc}")
+
+
+class _Instance:
+    def __init__(self, root: dict, seed: int):
+        self._root, self._seed = root, seed
+
+    def of(self, schema: object, depth: int) -> object:
+        if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+            return None if depth > _MAX_DEPTH else {}
+        if "$ref" in schema:
+            return self.of(self._resolve(schema["$ref"]), depth + 1)
+        if "const" in schema:
+            return schema["const"]
+        if schema.get("enum"):
+            return schema["enum"][self._seed % len(schema["enum"])]
+        for key in ("anyOf", "oneOf"):
+            if schema.get(key):
+                options = schema[key]
+                merged = {k: v for k, v in schema.items() if k != key}
+                return self.of({**merged, **options[self._seed % len(options)]}, depth + 1)
+        if schema.get("allOf"):
+            merged = {k: v for k, v in schema.items() if k != "allOf"}
+            for part in schema["allOf"]:
+                merged.update(part)
+            return self.of(merged, depth + 1)
+        return self._typed(schema, _type_of(schema), depth)
+
+    def _typed(self, schema: dict, kind: str, depth: int) -> object:
+        if kind == "object":
+            props = schema.get("properties") or {}
+            return {name: self.of(sub, depth + 1) for name, sub in props.items()}
+        if kind == "array":
+            count = max(schema.get("minItems", 1), 1)
+            count = min(count, schema.get("maxItems", count))
+            items = schema.get("items") or {}
+            return [self.of(items, depth + 1) for _ in range(count)]
+        if kind == "string":
+            text = "sim"
+            return text.ljust(schema.get("minLength", 0), "x")[: schema.get("maxLength", 1 << 30)]
+        if kind in ("integer", "number"):
+            low = schema.get("minimum", schema.get("exclusiveMinimum", 0) + (1 if "exclusiveMinimum" in schema else 0))
+            return max(int(low), 1) if "maximum" not in schema else min(max(int(low), 1), int(schema["maximum"]))
+        if kind == "boolean":
+            return True
+        return None
+
+    def _resolve(self, ref: str) -> dict:
+        node: object = self._root
+        for part in ref.lstrip("#/").split("/"):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        return node if isinstance(node, dict) else {}
+
+
+def _type_of(schema: dict) -> str:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "object"
+    return kind

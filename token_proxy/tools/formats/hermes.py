@@ -1,0 +1,57 @@
+"""hermes (Qwen2.5, Qwen3, Hermes 2 Pro; vLLM alias qwen3_json): `<tool_call>{"name", "arguments"}</tool_call>`.
+
+As vLLM's Hermes2ProToolParser: content is the text before the first `<tool_call>` (text
+between and after calls is dropped), arguments are re-serialised with json.dumps. A last
+call without `</tool_call>` counts once the output is final and its JSON is complete.
+A call whose JSON is malformed or lacks name/arguments is dropped (vLLM would return the
+whole output as content; a replayable stream cannot take back what it already sent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from token_proxy.tools.calls import FunctionCall, IdFactory, vllm_call_id
+from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments, first_json, held_back
+
+START, END = "<tool_call>", "</tool_call>"
+
+
+def call_from_json(body: str) -> FunctionCall | None:
+    """A `{"name": ..., "arguments": ...}` object (nothing after it) as a call."""
+    parsed = first_json(body)
+    if parsed is None or body[parsed[1]:].strip():
+        return None
+    obj = parsed[0]
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or "arguments" not in obj:
+        return None
+    return FunctionCall(obj["name"], dump_arguments(obj["arguments"]))
+
+
+def tagged_regions(text: str, start_tag: str, end_tag: str, final: bool) -> list[str]:
+    """The bodies of `start…end` regions; an unterminated last one only when final."""
+    bodies, pos = [], 0
+    while (start := text.find(start_tag, pos)) >= 0:
+        body_start = start + len(start_tag)
+        end = text.find(end_tag, body_start)
+        if end < 0:
+            if final:  # a partial end tag at the very end does not spoil the body
+                body = text[body_start:]
+                bodies.append(body[: len(body) - held_back(body, (end_tag,))])
+            break
+        bodies.append(text[body_start:end])
+        pos = end + len(end_tag)
+    return bodies
+
+
+@dataclass(frozen=True)
+class HermesFormat:
+    name: str = "hermes"
+    new_id: IdFactory = vllm_call_id
+    triggers: str = '<'  # first characters of the markers (see ToolFormat)
+    prefix_content: bool = True  # see ToolFormat
+
+    def scan(self, text: str, final: bool, tools: list | None) -> Scan:
+        content = content_before(text, text.find(START), final, (START,))
+        calls = [call_from_json(body) for body in tagged_regions(text, START, END, final)]
+        return Scan(content, [call for call in calls if call is not None])
