@@ -130,6 +130,8 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 
 async def release_memory_occupation(request: web.Request) -> web.Response:
     body = await _body(request, (1464, "release_memory_occupation"), allow_empty=True)
+    if request.app[SIM_STATE].running:  # the scheduler asserts is_fully_idle() and the server dies
+        return crash_scheduler(request.app[SIM_STATE])
     _weights(request).released |= set(body.get("tags") or ("weights", "kv_cache"))
     return json_response(None)  # FastAPI's reply for a handler that returns None
 
