@@ -7,7 +7,7 @@
   a second update waits for the first, so a rollback sent after a timed-out update lands after it.
 - POST /sim/faults {"faults": [{"kind": "fail" | "delay" | "restart", "message", "delay_s", "restart_s"}]}
   queues faults; each weight update takes the next one (GET /sim/faults lists what is left):
-  fail = SGLang's refusal (400, nothing changed); delay = the update starts `delay_s` late (a caller
+  pass = none (for the next update's turn); fail = SGLang's refusal (400, nothing changed); delay = the update starts `delay_s` late (a caller
   with a shorter timeout gives up, the update still lands); restart = the process dies mid-update (every
   in-flight request and this call's connection are cut) and comes back `restart_s` later with the
   weights and version it started with, unpaused.
@@ -29,7 +29,7 @@ from token_proxy.simulator.state import SIM_STATE, SimState
 from token_proxy.simulator.weight_routes import WEIGHTS, Weights
 
 UPDATE_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_distributed", "/update_weight_version"})
-FAULT_KINDS = ("fail", "delay", "restart")
+FAULT_KINDS = ("pass", "fail", "delay", "restart")
 
 
 @dataclass
@@ -38,6 +38,7 @@ class RlSim:
     faults: list[dict] = field(default_factory=list)
     snapshot: dict[str, str] | None = None
     restarts: int = 0
+    tasks: set = field(default_factory=set)
 
 
 RL_SIM: web.AppKey[RlSim] = web.AppKey("sim_rl", RlSim)
@@ -123,8 +124,16 @@ async def _restart(request: web.Request, restart_s: float) -> web.StreamResponse
     sim.notify()
     while sim.running:
         await sim.changed()
+    back = asyncio.get_running_loop().create_task(_come_back(app, restart_s))
+    app[RL_SIM].tasks.add(back)  # closing the connection cancels this handler, not the comeback
+    back.add_done_callback(app[RL_SIM].tasks.discard)
     request.transport.close()
+    return web.Response(status=500)  # never reaches the caller: its connection is gone
+
+
+async def _come_back(app: web.Application, restart_s: float) -> None:
     await asyncio.sleep(restart_s)
+    sim = app[SIM_STATE]
     sim.weight_version, sim.weights_path = sim.config.weight_version, sim.config.model_path
     sim.paused, sim.pause_mode, sim.updating_weights = False, None, False
     sim.prefix_cache = PrefixCache()
@@ -134,7 +143,6 @@ async def _restart(request: web.Request, restart_s: float) -> web.StreamResponse
     app[RL_SIM].restarts += 1
     sim.crashed = False
     sim.notify()
-    return web.Response(status=500)  # never reaches the caller: its connection is gone
 
 
 ROUTES = (

@@ -24,13 +24,15 @@ proxy's data path ends those with an error, never silently.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from aiohttp import web
 
-from token_proxy.errors import InvalidRequest
+from token_proxy.errors import BackendUnavailable, InvalidRequest
 from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes
 from token_proxy.proxy.admin.workers import AdminPlane, WorkerFailed, WorkerReply, failure_status
 from token_proxy.proxy.http_io import json_response
@@ -38,6 +40,7 @@ from token_proxy.proxy.http_io import json_response
 log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 30.0
+RETRY_DOWN_S = 0.25  # how often a rollback knocks on a worker that is down
 ROLLED_BACK, HELD = "rolled_back", "held_paused"
 
 
@@ -130,11 +133,9 @@ async def _roll_back_or_hold(plane: AdminPlane, urls: list[str], results: list[W
     if path is not None or not stale:  # nothing changed anywhere: nothing to reload
         replies = []
         if stale:
-            body = {"model_path": path, "flush_cache": True, "weight_version": version}
-            bodies = await safe_flush(plane, [body] * len(stale), stale)
             log.warning("%s; rolling %s back to %s (version %s)", message, ", ".join(stale), path, version)
-            replies = await plane.fan_out("POST", "/update_weights_from_disk", bodies,
-                                          plane.settings.weight_update_timeout_s, stale)
+            body = {"model_path": path, "flush_cache": True, "weight_version": version}
+            replies = list(await asyncio.gather(*(_reload(plane, url, body) for url in stale)))
         after = await _verify(plane, urls, _merge(urls, stale, replies), version, False)
         if all(r.ok for r in after):
             plane.record_version(version)
@@ -148,6 +149,29 @@ async def _roll_back_or_hold(plane: AdminPlane, urls: list[str], results: list[W
     await _hold(plane, urls, message)
     raise FleetFailed(status, message + "; every worker stays paused (POST /resume?force=true to serve anyway)",
                       HELD, results)
+
+
+async def _reload(plane: AdminPlane, url: str, body: dict) -> WorkerReply:
+    """One worker back to the old checkpoint. A worker that is down (restarting) is waited for, up to
+    --weight-update-timeout, and paused first when it is back (a restarted SGLang comes back unpaused)."""
+    deadline = time.monotonic() + plane.settings.weight_update_timeout_s
+    (flushable,) = await safe_flush(plane, [body], [url])
+    (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable,
+                                   plane.settings.weight_update_timeout_s, [url])
+    while _down(reply) and time.monotonic() < deadline:
+        await asyncio.sleep(RETRY_DOWN_S)
+        left = max(deadline - time.monotonic(), 0.1)
+        (reply,) = await plane.fan_out("POST", "/pause_generation", {"mode": plane.settings.pause_mode},
+                                       min(left, plane.settings.admin_timeout_s), [url])
+        if reply.ok:
+            (flushable,) = await safe_flush(plane, [body], [url])
+            (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable, left, [url])
+    return reply
+
+
+def _down(reply: WorkerReply) -> bool:
+    """Not listening (connection refused / reset), or answering 503 while it starts."""
+    return isinstance(reply.error, BackendUnavailable) or reply.status == 503
 
 
 def _merge(urls: list[str], stale: list[str], replies: list[WorkerReply]) -> list[WorkerReply]:
