@@ -126,7 +126,7 @@ class InitInfo:
 
 async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group):  # noqa: F811
     module = load_skyrl_client()
-    proxy, sims = skyrl_fleet
+    proxy, _ = skyrl_fleet
     url = proxy_url(proxy)
     client = module.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1)
     try:
