@@ -154,8 +154,9 @@ def proxy_backend(proxy) -> str:
     return proxy.app[ADMIN].client.base_url
 
 
-async def test_update_weights_null_without_a_push_times_out_clearly(make_proxy, sim):
+async def test_update_weights_null_with_a_group_but_no_push_times_out_clearly(make_proxy, sim):
     proxy = await make_proxy(sim, weight_update_timeout_s=0.3)
+    proxy.app[ADMIN].live_groups.add("weight_update_group")  # joined, but the trainer never pushes
     response = await proxy.post("/update_weights", json={"weight_dir": None})
     body = await response.json()
     assert response.status == 504

@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enable-deterministic-inference", action="store_true",
                         help="honour sampling_seed (without it SGLang ignores seeds)")
     parser.add_argument("--weight-version", default=SimConfig.weight_version)
+    parser.add_argument("--enable-memory-saver", action="store_true")
+    parser.add_argument("--enable-weights-cpu-backup", action="store_true")
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
                         help="seconds a weight-update group join or receive waits for its peers")
@@ -46,6 +48,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         incremental_streaming_output=args.incremental_streaming_output,
         enable_deterministic_inference=args.enable_deterministic_inference,
         weight_version=args.weight_version,
+        enable_memory_saver=args.enable_memory_saver,
+        enable_weights_cpu_backup=args.enable_weights_cpu_backup,
         max_running_requests=args.max_running_requests,
         dist_timeout_s=args.dist_timeout,
     )

@@ -28,6 +28,10 @@ class SimConfig:
     # SGLang's --enable-deterministic-inference: only then does it honour sampling_seed (its sampler
     # reads the seed only in that mode; otherwise seeded requests sample freshly, like unseeded ones).
     enable_deterministic_inference: bool = False
+    # SGLang's --enable-memory-saver (without it release_memory_occupation frees nothing) and
+    # --enable-weights-cpu-backup (without it released weights are discarded, not kept in CPU memory).
+    enable_memory_saver: bool = False
+    enable_weights_cpu_backup: bool = False
     # How long a weight-update group join or receive may wait for its peers (SGLang: torch's 30 min).
     dist_timeout_s: float = 60.0
 

@@ -66,6 +66,8 @@ def _server_args(sim: SimState, host: str, port: int) -> dict:
         "stream_interval": 1,
         "incremental_streaming_output": config.incremental_streaming_output,
         "enable_deterministic_inference": config.enable_deterministic_inference,
+        "enable_memory_saver": config.enable_memory_saver,
+        "enable_weights_cpu_backup": config.enable_weights_cpu_backup,
         "enable_metrics": True,
         "allow_auto_truncate": False,
     }

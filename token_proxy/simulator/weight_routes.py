@@ -17,6 +17,7 @@ from token_proxy.simulator.state import SIM_STATE, SimState
 
 log = logging.getLogger(__name__)
 
+ALL_MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES: no tags = all
 GROUP_FAILED = "Failed to initialize custom process group: {}."
 UPDATE_FAILED = ("Failed to update parameter online: {}. The full weights of the ModelRunner are partially "
                  "updated. Please discard the whole weights.")
@@ -130,13 +131,15 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 
 async def release_memory_occupation(request: web.Request) -> web.Response:
     body = await _body(request, (1464, "release_memory_occupation"), allow_empty=True)
-    _weights(request).released |= set(body.get("tags") or ("weights", "kv_cache"))
+    if request.app[SIM_STATE].running:  # the scheduler asserts is_fully_idle() and the server dies
+        return crash_scheduler(request.app[SIM_STATE])
+    _weights(request).released |= set(body.get("tags") or ALL_MEMORY_TAGS)
     return json_response(None)  # FastAPI's reply for a handler that returns None
 
 
 async def resume_memory_occupation(request: web.Request) -> web.Response:
     body = await _body(request, (1476, "resume_memory_occupation"), allow_empty=True)
-    _weights(request).released -= set(body.get("tags") or ("weights", "kv_cache"))
+    _weights(request).released -= set(body.get("tags") or ALL_MEMORY_TAGS)
     return json_response(None)
 
 

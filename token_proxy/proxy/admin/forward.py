@@ -97,27 +97,42 @@ def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None
         plane.publish_step(StepResult(False, message, version))
     elif version is not None:
         plane.record_version(version)
+        plane.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
         plane.publish_step(StepResult(True, "weights received", version))
 
 
 def note_continue(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
-    if all(r.ok for r in replies) and plane.spawn is not None:
-        settle_owed_flushes(plane, plane.spawn)
+    if all(r.ok for r in replies):
+        plane.paused = False
+        if plane.spawn is not None:
+            settle_owed_flushes(plane, plane.spawn)
 
 
 def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     if all(r.ok for r in replies):
         plane.paused_at = time.monotonic()
+        plane.paused = True
+
+
+def note_group(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    """A group every worker joined: NCCL steps may now arrive (routes.py fails fast without one)."""
+    if all(r.ok for r in replies):
+        plane.live_groups.add(body.get("group_name") or "weight_update_group")
+
+
+def note_group_gone(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    plane.live_groups.discard(body.get("group_name") or "weight_update_group")
 
 
 # /load_lora_adapter is here too, but prime-rl's handler owns the path (admin.py): same body.
 FORWARDS = (
     Forward(("POST",), "/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
             after=note_version),
-    Forward(("POST",), "/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies),
+    Forward(("POST",), "/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
+            after=note_group),
     Forward(("POST",), "/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
             after=note_step),
-    Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s"),
+    Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
     Forward(("POST",), "/update_weight_version", "admin_timeout_s", after=note_new_version),
     Forward(("POST",), "/pause_generation", "admin_timeout_s", after=note_pause),
     Forward(("POST",), "/continue_generation", "admin_timeout_s", after=note_continue),

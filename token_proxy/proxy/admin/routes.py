@@ -15,8 +15,14 @@ from aiohttp import web
 
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.proxy.admin import checks as check
-from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes
-from token_proxy.proxy.admin.forward import add_forward_routes, add_passthrough, group_bodies, note_pause
+from token_proxy.proxy.admin import fleet, vllm_rl
+from token_proxy.proxy.admin.forward import (
+    add_forward_routes,
+    add_passthrough,
+    group_bodies,
+    note_group,
+    note_pause,
+)
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.upstream.context import CONTEXT
@@ -31,14 +37,15 @@ _PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place"}
 
 
 async def pause(request: web.Request) -> web.Response:
+    """Two dialects share POST /pause (vllm_rl.py documents the rule): vLLM's names its `mode` or
+    `clear_cache` in the query string; anything else (bare, or a JSON body) is prime-rl's."""
+    if vllm_rl.is_vllm_pause(request):
+        return await vllm_rl.pause(request)
     plane = request.app[ADMIN]
-    mode = _pause_mode(plane, request.query.get("mode") or (await _optional_json(request)).get("mode"))
+    mode = _pause_mode(plane, (await _optional_json(request)).get("mode"))
     replies = await plane.fan_out("POST", "/pause_generation", {"mode": mode}, plane.settings.admin_timeout_s)
     raise_for_failures("pause", replies)
     note_pause(plane, {}, replies)
-    if request.query.get("clear_cache", "false").lower() == "true":
-        raise_for_failures("flush_cache", await plane.fan_out("POST", "/flush_cache", None,
-                                                               plane.settings.admin_timeout_s))
     return json_response({"status": "paused"})
 
 
@@ -51,28 +58,46 @@ def _pause_mode(plane: AdminPlane, requested) -> str:
 
 
 async def resume(request: web.Request) -> web.Response:
+    """Both dialects. Refused (409) while a failed fleet update holds the workers paused (fleet.py)."""
     plane = request.app[ADMIN]
-    replies = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s)
+    fleet.refuse_resume_while_held(plane, request.query.get("force"))
+    vllm_rl.refuse_resume_while_asleep(request.app)
+    replies = await fleet.resume_all(plane, await plane.worker_urls())
     raise_for_failures("resume", replies)
-    settle_owed_flushes(plane, plane.spawn)
     return json_response({"status": "resumed"})
 
 
 async def update_weights(request: web.Request) -> web.Response:
-    """A weight directory -> /update_weights_from_disk on every worker (cache flushed, version bumped);
-    null (or prime-rl's NCCL_READY-only directory) -> wait for the trainer's NCCL push to land."""
+    """A weight directory -> a fleet update from disk (fleet.py: all workers or none, cache flushed,
+    version bumped); null (or prime-rl's NCCL_READY-only directory) -> wait for the trainer's NCCL push
+    to land, refused at once (409) when no weight-update group is live. A body with `update_info` is
+    vLLM's /update_weights (vllm_rl.py)."""
     plane = request.app[ADMIN]
     body = await read_json(request)
+    if vllm_rl.is_vllm_update(body):
+        return await vllm_rl.update_weights(request, body)
     weight_dir = body.get("weight_dir")
     if weight_dir is None or _is_nccl_marker_dir(plane, weight_dir):
+        vllm_rl.require_group(plane, "update_weights")
         step = await plane.next_step(plane.settings.weight_update_timeout_s)
         if not step.ok:
             raise WorkerFailed(400, f"update_weights (NCCL) failed: {step.message}")
         return json_response({"status": "ok", "weight_version": step.version})
     path = check.local_dir(weight_dir, "weight_dir", plane.settings)
     version = str(body.get("weight_version") or _next_version(plane, path))
-    await load_from_disk(plane, path, version, "update_weights")
+    try:
+        await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
+    except fleet.FleetFailed as failure:
+        return failure.response()
     return json_response({"status": "ok", "weight_version": version})
+
+
+def _verify_checksum(body: dict) -> bool:
+    """`"verify": "checksum"`: also check every worker reports one weights checksum (/weights_checker)."""
+    verify = body.get("verify")
+    if verify not in (None, "version", "checksum"):
+        raise InvalidRequest(f"verify must be 'version' or 'checksum', got {verify!r}", param="verify")
+    return verify == "checksum"
 
 
 async def reload_weights(request: web.Request) -> web.Response:
@@ -80,18 +105,11 @@ async def reload_weights(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     if not plane.base_model_path:
         raise WorkerFailed(502, "reload_weights: SGLang did not report the model_path it started with")
-    await load_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
+    try:
+        await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
+    except fleet.FleetFailed as failure:
+        return failure.response()
     return json_response({"status": "ok", "weight_version": plane.initial_version})
-
-
-async def load_from_disk(plane: AdminPlane, path: str, version: str | None, action: str) -> None:
-    urls = await plane.worker_urls()
-    payload = {"model_path": path, "flush_cache": True, "weight_version": version}
-    bodies = await safe_flush(plane, [payload] * len(urls), urls)
-    replies = await plane.fan_out("POST", "/update_weights_from_disk", bodies,
-                                  plane.settings.weight_update_timeout_s, urls)
-    raise_for_failures(action, replies)
-    plane.record_version(version)
 
 
 def _is_nccl_marker_dir(plane: AdminPlane, weight_dir) -> bool:
@@ -132,6 +150,7 @@ async def init_broadcaster(request: web.Request) -> web.Response:
     bodies = await group_bodies(plane, native, urls)
     replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
     raise_for_failures("init_broadcaster", replies)
+    note_group(plane, native, replies)
     return json_response({"status": "ok"})
 
 
@@ -199,6 +218,7 @@ def add_admin_routes(app: web.Application) -> None:
     app.cleanup_ctx.append(_admin_plane)
     for method, path, handler in PRIME_RL_ROUTES:
         app.router.add_route(method, path, handler)
+    vllm_rl.add_vllm_rl_routes(app)
     add_forward_routes(app)
     add_passthrough(app)
 
@@ -209,7 +229,7 @@ async def _admin_plane(app: web.Application):
                                     initial_version=None, version=None, spawn=ctx.spawn)
 
     def learn(engine) -> None:  # once SGLang is known (start-up may come before it)
-        plane.base_model_path = engine.backend.model_path
+        plane.base_model_path = plane.loaded_path = engine.backend.model_path
         plane.initial_version = plane.version = engine.backend.weight_version
 
     ctx.when_ready(learn)

@@ -101,6 +101,15 @@ class AdminPlane:
     # Workers that updated weights without flushing their prefix cache (admin_flush.py says why).
     owed_flushes: set[str] = field(default_factory=set)
     spawn: Callable | None = None  # runs background work that outlives a request (the proxy's spawn)
+    # Weight-update groups joined through the proxy (an NCCL step without one can never arrive).
+    live_groups: set[str] = field(default_factory=set)
+    paused: bool = False  # the last pause / continue through the proxy (SGLang cannot be asked)
+    # The checkpoint the workers hold now (what a failed fleet update rolls back to).
+    loaded_path: str | None = None
+    # Each worker's weight version as last read or set (fleet.py); the url -> version.
+    worker_versions: dict[str, str | None] = field(default_factory=dict)
+    # A failed fleet update the proxy could not undo: the fleet stays paused until it is fixed (fleet.py).
+    hold: dict | None = None
 
     async def worker_urls(self) -> list[str]:
         if self.settings.workers:
