@@ -17,7 +17,8 @@ if ! engine && [ "$(id -u)" = 0 ]; then
   if command -v dockerd >/dev/null; then
     echo "image-test: starting dockerd (log: /tmp/dockerd.log)"
     nohup dockerd >/tmp/dockerd.log 2>&1 &
-    for _ in $(seq 1 60); do engine && break; sleep 1; done
+    dockerd_pid=$!
+    for _ in $(seq 1 60); do engine || ! kill -0 "$dockerd_pid" 2>/dev/null && break; sleep 1; done
   fi
 fi
 if ! engine; then
