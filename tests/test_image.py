@@ -81,9 +81,8 @@ def build_context() -> bytes:
 
 def build(dockerfile: Path, tag: str) -> None:
     started = time.monotonic()
-    result = subprocess.run(["docker", "build", "--network", "host", "-f", str(dockerfile.relative_to(ROOT)),
-                             "-t", tag, "-"], input=build_context(), check=False, capture_output=True,
-                             timeout=900)
+    argv = ["docker", "build", "--force-rm", "--network", "host", "-f", str(dockerfile.relative_to(ROOT)), "-t", tag, "-"]
+    result = subprocess.run(argv, input=build_context(), check=False, capture_output=True, timeout=900)
     result = subprocess.CompletedProcess(result.args, result.returncode, result.stdout.decode(errors="replace"),
                                          result.stderr.decode(errors="replace"))
     assert result.returncode == 0, f"docker build -f {dockerfile.relative_to(ROOT)} failed:\n{tail(result)}"
