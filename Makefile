@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: install run test bench lint clean up down
+.PHONY: install run test bench lint clean up down image-test
 
 # The container stack (deploy/): SGLang on a GPU + proxy + Prometheus + Grafana; SIM=1: no GPU, the
 # proxy runs its built-in simulator. Needs Docker with the compose plugin (>= 2.24.4).
@@ -23,6 +23,9 @@ run: install  ## the proxy; with no BACKEND it starts the built-in SGLang simula
 
 test: install
 	$(PY) -m pytest -q $(ARGS)
+
+image-test: install  ## the image built and run for real on a Docker engine (tests/test_image.py)
+	PY=$(PY) deploy/image_test.sh $(ARGS)
 
 bench: install
 	$(PY) bench/bench_proxy.py $(ARGS)
