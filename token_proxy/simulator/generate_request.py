@@ -33,6 +33,7 @@ class SequenceSpec:
     logprobs: LogprobOptions | None
     return_prompt_token_ids: bool
     input_error: str | None  # the scheduler's own length check, reported as an abort
+    lora: tuple[str, str] | None = None  # (name, path) of its LoRA adapter (lora.with_adapters)
 
 
 @dataclass(frozen=True)
