@@ -14,11 +14,12 @@ from admin_fixtures import free_port, proxy_url, until
 from lora_fixtures import greedy, write_adapter
 from tenacity import retry, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-from token_proxy.errors import NotFound
+from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.proxy.admin import lora_routes
-from token_proxy.proxy.admin.lora import LORA, is_lost_adapter_error
+from token_proxy.proxy.admin.lora import LORA, is_lost_adapter_error, retry_if_lost
 from token_proxy.proxy.admin.lora_registry import ADAPTERS, Adapter, AdapterRegistry
 from token_proxy.proxy.admin.lora_routes import adapter_cards
+from token_proxy.proxy.upstream.context import CONTEXT
 from token_proxy.simulator import SIM_STATE, SimConfig
 from token_proxy.simulator.app import start_simulator
 
@@ -252,6 +253,36 @@ async def test_a_restarted_worker_gets_its_adapters_back(make_proxy, aiohttp_cli
             assert await proxy.app[LORA].sync_workers() == 0  # nothing left to do
         finally:
             await runner.cleanup()
+
+
+async def test_a_request_refused_for_a_lost_adapter_is_retried_after_a_reload(make_proxy, tokenizer_dir, tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setattr(lora_routes, "SYNC_INTERVAL_S", 3600.0)  # no background pass: the retry does it
+    config, port = SimConfig(tokenizer_path=str(tokenizer_dir)), free_port()
+    runner, _ = await start_simulator(config, port=port)
+    proxy = await make_proxy(f"http://127.0.0.1:{port}")
+    await proxy.post("/load_lora_adapter", json={"lora_name": "policy", "lora_path": str(write_adapter(tmp_path))})
+    await runner.cleanup()
+    runner, _ = await start_simulator(config, port=port)
+    try:
+        client = proxy.app[CONTEXT].client  # the data path's own client, as the pipeline calls it
+        payload = greedy(lora_path=proxy.app[ADAPTERS].resolve("policy"))
+        with pytest.raises(InvalidRequest) as refused:
+            await client.generate(payload)
+        assert is_lost_adapter_error(refused.value.message)
+        reply = await retry_if_lost(proxy.app[LORA], lambda: client.generate(payload))
+        assert len(reply[0]["output_ids"]) == 8
+    finally:
+        await runner.cleanup()
+
+
+async def test_metrics_list_adapters_with_their_version(proxy, tmp_path):
+    path = str(write_adapter(tmp_path))
+    await proxy.post("/load_lora_adapter", json={"lora_name": "policy", "lora_path": path})
+    text = await (await proxy.get("/metrics")).text()
+    assert (f'token_proxy_lora_adapter_loaded_timestamp_seconds{{adapter="policy",internal="policy@v1",'
+            f'path="{path}",version="1"}}') in text
+    assert 'token_proxy_lora_adapter_requests_in_flight{adapter="policy",version="1"} 0.0' in text
 
 
 async def test_lora_modules_load_once_sglang_is_up(sim, aiohttp_client, shared_tokenizer, tokenizer_dir, tmp_path):

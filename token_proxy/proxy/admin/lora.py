@@ -192,6 +192,18 @@ class LoraAdmin:
                 log.error("--lora-modules %s=%s was not loaded: %s", name, path, exc.message)
 
 
+async def retry_if_lost(admin: LoraAdmin, send):
+    """`await send()`; if SGLang refused it because the worker lacks the adapter (it restarted and the
+    sync pass has not run yet), re-load what is missing and send once more."""
+    try:
+        return await send()
+    except ProxyError as exc:
+        if not is_lost_adapter_error(exc.message):
+            raise
+        await admin.sync_workers()
+        return await send()
+
+
 def _checked_name(name, registry: AdapterRegistry, param: str = "lora_name") -> str:
     if not isinstance(name, str) or not name:
         raise InvalidRequest(f"{param} must be a non-empty string, got {name!r}", param=param)

@@ -17,6 +17,8 @@ from token_proxy.proxy.admin.lora import LORA, LoraAdmin
 from token_proxy.proxy.admin.lora_registry import ADAPTERS, AdapterRegistry
 from token_proxy.proxy.admin.workers import ADMIN
 from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.proxy.ops.lora_metrics import AdapterCollector
+from token_proxy.proxy.ops.metrics import METRICS
 from token_proxy.proxy.upstream.context import CONTEXT
 
 SYNC_INTERVAL_S = 5.0  # default of the lora_sync_interval_s setting (see the report: settings to add)
@@ -98,6 +100,8 @@ async def _lora_admin(app: web.Application):
     registry = app[ADAPTERS] = AdapterRegistry()
     admin = app[LORA] = LoraAdmin(plane=app[ADMIN], registry=registry)
     registry.on_idle = admin.retire_later
+    if METRICS in app:
+        app[METRICS].registry.register(AdapterCollector(registry))
     modules = tuple(getattr(ctx.settings, "lora_modules", ()))
 
     def learn(engine) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up
