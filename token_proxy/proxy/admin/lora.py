@@ -96,7 +96,7 @@ class LoraAdmin:
         async with self.lock:
             adapter = self.registry.remove(_checked_name(name, self.registry, "lora_name"))
         if not self.registry.in_use(adapter):
-            await self.retire(adapter)
+            self.retire_later(adapter)
         return adapter
 
     async def retire(self, adapter: Adapter) -> None:
@@ -144,19 +144,24 @@ class LoraAdmin:
 
     async def sync_workers(self) -> int:
         """Load what each worker lacks (it restarted, or joined), unload leftovers; returns loads made."""
-        held, made = self.registry.held(), 0
-        if not held and not self.garbage:
+        if not self.registry.held() and not self.garbage:
             return 0
-        for url in await self.plane.worker_urls():
-            listed = await self._listed(url)
-            if listed is None:
-                continue  # down: the next pass sees it again
-            for adapter in held:
-                if adapter.internal not in listed:
-                    made += await self._reload_on(url, adapter)
-            for internal in self.garbage & listed:
-                await self.plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": internal},
-                                         self.plane.settings.admin_timeout_s, [url])
+        made = 0
+        async with self.lock:  # no load switches versions meanwhile
+            for url in await self.plane.worker_urls():
+                listed = await self._listed(url)
+                if listed is not None:  # else down: the next pass sees it again
+                    made += await self._sync_one(url, listed)
+        return made
+
+    async def _sync_one(self, url: str, listed: set[str]) -> int:
+        made = 0
+        for adapter in self.registry.held():
+            if adapter.internal not in listed and adapter in self.registry.held():  # not retired meanwhile
+                made += await self._reload_on(url, adapter)
+        for internal in self.garbage & listed:
+            await self.plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": internal},
+                                     self.plane.settings.admin_timeout_s, [url])
         return made
 
     async def _listed(self, url: str) -> set[str] | None:
