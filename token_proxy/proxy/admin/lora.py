@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 SHORT_TIMEOUT_S = 10.0
 # SGLang's words for "no such adapter files on this worker" (a Hub lookup when the path is no directory).
-_MISSING_FILES = ("No such file or directory", "Repo id must be", "Repository Not Found", "is not a directory")
+_MISSING_FILES = ("No such file or directory", "Repo id must be", "Repository Not Found", "is not a directory",
+                  "cached snapshot")  # the last: HF_HUB_OFFLINE with a hub-id-like path
 # SGLang's words on /generate for an adapter a (restarted) worker does not hold.
 LOST_ADAPTER = ("has never been loaded", "are not loaded")
 _TYPES = {400: "BadRequestError", 404: "NotFoundError"}
