@@ -314,22 +314,6 @@ async def test_unowned_routes_pass_through_unchanged(proxy, sim):
     assert missing.status == 404 and (await missing.json())["error"]["type"] == "NotFoundError"
 
 
-async def test_lora_adapters_reload_in_place_like_prime_rl(proxy, sim, tmp_path):
-    adapter = tmp_path / "lora" / "step_1"
-    adapter.mkdir(parents=True)
-    (adapter / "adapter_config.json").write_text("{}")
-    for _ in range(2):  # the second load of the same name replaces it (vLLM's load_inplace)
-        response = await proxy.post("/load_lora_adapter", json={"lora_name": "policy", "lora_path": str(adapter)})
-        assert (response.status, await response.json()) == (200, {
-            "status": "ok", "success": True, "error_message": None, "loaded_adapters": {"policy": str(adapter)}})
-    missing = await proxy.post("/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path / "no")})
-    assert missing.status == 400 and (await missing.json())["error"]["param"] == "lora_path"
-    response = await proxy.post("/v1/unload_lora_adapter", json={"lora_name": "policy"})
-    assert (response.status, await response.text()) == (200, "Success: LoRA adapter 'policy' removed successfully.")
-    again = await proxy.post("/v1/unload_lora_adapter", json={"lora_name": "policy"})
-    assert again.status == 400 and "LoRA adapter policy is not loaded" in (await again.json())["error"]["message"]
-
-
 async def test_reload_weights_returns_to_the_starting_weights(proxy, sim, tmp_path):
     await proxy.post("/update_weights", json={"weight_dir": str(weights_dir(tmp_path, "step_3"))})
     assert state(sim).weight_version == "3"

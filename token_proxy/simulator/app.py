@@ -12,6 +12,7 @@ from token_proxy.simulator.admin_routes import add_admin_routes, empty
 from token_proxy.simulator.config import SimConfig
 from token_proxy.simulator.errors import SimError, json_response
 from token_proxy.simulator.generate_route import generate
+from token_proxy.simulator.lora_routes import add_lora_routes
 from token_proxy.simulator.rl_routes import add_rl_routes
 from token_proxy.simulator.state import SIM_STATE, SimState
 from token_proxy.simulator.vocab import load_tokenizer, load_vocab
@@ -32,6 +33,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     add_admin_routes(app)
     add_weight_routes(app)
     add_rl_routes(app)
+    add_lora_routes(app)
     return app
 
 

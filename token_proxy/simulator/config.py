@@ -25,6 +25,8 @@ class SimConfig:
     eos_token_ids: tuple[int, ...] = (151645, 151643)
     max_running_requests: int | None = None
     enable_lora: bool = True  # SGLang's --enable-lora (/load_lora_adapter refuses without it)
+    max_lora_rank: int | None = None  # --max-lora-rank (None: no limit checked)
+    lora_target_modules: tuple[str, ...] | None = None  # --lora-target-modules (None: any)
     # SGLang's --enable-deterministic-inference: only then does it honour sampling_seed (its sampler
     # reads the seed only in that mode; otherwise seeded requests sample freshly, like unseeded ones).
     enable_deterministic_inference: bool = False

@@ -35,6 +35,7 @@ class SequenceSpec:
     return_prompt_token_ids: bool
     input_error: str | None  # the scheduler's own length check, reported as an abort
     forced_ids: tuple[int, ...] = ()  # a json_schema constraint's output (simulator/constrained.py)
+    lora: tuple[str, str] | None = None  # (name, path) of its LoRA adapter (lora.with_adapters)
 
 
 @dataclass(frozen=True)

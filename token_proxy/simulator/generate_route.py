@@ -16,6 +16,7 @@ from token_proxy.simulator.errors import (
     json_response,
 )
 from token_proxy.simulator.generate_request import GenerateCall, ModelCrash, parse_generate
+from token_proxy.simulator.lora import pool_of, with_adapters
 from token_proxy.simulator.sequence import Sequence
 from token_proxy.simulator.state import SIM_STATE, SimState
 
@@ -29,7 +30,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     sim.received.append(body)
     stream = isinstance(body, dict) and body.get("stream") is True
     try:
-        call = parse_generate(body, sim.config, sim.encode)
+        call = with_adapters(sim.lora, pool_of(sim.config), body, parse_generate(body, sim.config, sim.encode))
     except ModelCrash:
         return _crash(sim)
     except (BadRequest, InternalServerError) as error:

@@ -70,6 +70,10 @@ def _server_args(sim: SimState, host: str, port: int) -> dict:
         "enable_weights_cpu_backup": config.enable_weights_cpu_backup,
         "enable_metrics": True,
         "allow_auto_truncate": False,
+        "enable_lora": config.enable_lora,
+        "max_lora_rank": config.max_lora_rank,
+        "lora_target_modules": list(config.lora_target_modules) if config.lora_target_modules else None,
+        "max_loras_per_batch": 8,
     }
 
 
@@ -84,7 +88,8 @@ def models_list(sim: SimState) -> dict:
         "parent": None,
         "max_model_len": sim.config.context_length,
     }
-    return {"object": "list", "data": [card]}
+    adapters = sim.lora.cards(name, int(sim.started_at)) if sim.config.enable_lora else []
+    return {"object": "list", "data": [card, *adapters]}
 
 
 def load(sim: SimState) -> list[dict]:

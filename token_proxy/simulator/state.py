@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from token_proxy.simulator.config import SimConfig
 from token_proxy.simulator.generate_request import GenerateCall
+from token_proxy.simulator.lora import SimLora, weight_key
 from token_proxy.simulator.prefix_cache import PrefixCache
 from token_proxy.simulator.sequence import Sequence
 from token_proxy.simulator.vocab import Vocab
@@ -59,6 +60,7 @@ class SimState:
     updating_weights: bool = False
     prefix_cache: PrefixCache = field(default_factory=PrefixCache)
     counters: Counters = field(default_factory=Counters)
+    lora: SimLora = field(default_factory=SimLora)  # loaded LoRA adapters
     metric_overrides: dict[str, float] = field(default_factory=dict)  # pinned by simulator/metrics.py
     rng: random.Random = field(default_factory=random.Random)
     started_at: float = field(default_factory=time.time)
@@ -105,7 +107,7 @@ class SimState:
         prompt = sequence.spec.prompt
         if warm_prefix:  # n > 1: SGLang prefills the shared prompt once before the children
             self.prefix_cache.insert(prompt)
-        sequence.start(self.weight_key, self.prefix_cache.match(prompt))
+        sequence.start(weight_key(self.weight_key, sequence.spec.lora), self.prefix_cache.match(prompt))
         self.active += 1
         self.prefix_cache.insert(prompt)
         self.counters.prompt_tokens += len(prompt)

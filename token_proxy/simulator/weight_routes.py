@@ -1,12 +1,11 @@
 """SGLang's weight-sync and memory endpoints: a real torch.distributed group join and receive
-(gloo on CPU), parameters readable by name, memory release/resume, and LoRA adapters."""
+(gloo on CPU), parameters readable by name, and memory release/resume (LoRA adapters: lora.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 
@@ -30,7 +29,6 @@ class Weights:
     values: dict = field(default_factory=params.initial_params)  # name -> nested list or torch tensor
     groups: dict = field(default_factory=dict)  # group_name -> torch process group
     released: set[str] = field(default_factory=set)  # memory tags released
-    adapters: dict[str, str] = field(default_factory=dict)  # LoRA name -> path
     updates: list[dict] = field(default_factory=list)  # every distributed update received, in order
 
 
@@ -143,33 +141,6 @@ async def resume_memory_occupation(request: web.Request) -> web.Response:
     return json_response(None)
 
 
-def _lora_reply(weights: Weights, error: str | None) -> web.Response:
-    body = {"success": error is None, "error_message": error,
-            "loaded_adapters": None if error else dict(weights.adapters)}
-    return json_response(body, 400 if error else 200)
-
-
-async def load_lora_adapter(request: web.Request) -> web.Response:
-    body = await _body(request, (1521, "load_lora_adapter"), required=("lora_name", "lora_path"))
-    weights, name, path = _weights(request), body["lora_name"], str(body["lora_path"])
-    if not request.app[SIM_STATE].config.enable_lora:
-        return _lora_reply(weights, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.")
-    if name in weights.adapters:
-        return _lora_reply(weights, f"Failed to load LoRA adapter {name} because it is already loaded")
-    if not (Path(path) / "adapter_config.json").is_file():
-        return _lora_reply(weights, f"Failed to load LoRA adapter {name}: no adapter_config.json in {path}")
-    weights.adapters[name] = path
-    return _lora_reply(weights, None)
-
-
-async def unload_lora_adapter(request: web.Request) -> web.Response:
-    body = await _body(request, (1544, "unload_lora_adapter"), required=("lora_name",))
-    weights = _weights(request)
-    if weights.adapters.pop(body["lora_name"], None) is None:
-        return _lora_reply(weights, f"LoRA adapter {body['lora_name']} is not loaded")
-    return _lora_reply(weights, None)
-
-
 ROUTES = (
     ("POST", "/init_weights_update_group", init_weights_update_group),
     ("POST", "/update_weights_from_distributed", update_weights_from_distributed),
@@ -180,8 +151,6 @@ ROUTES = (
     ("POST", "/release_memory_occupation", release_memory_occupation),
     ("GET", "/resume_memory_occupation", resume_memory_occupation),
     ("POST", "/resume_memory_occupation", resume_memory_occupation),
-    ("POST", "/load_lora_adapter", load_lora_adapter),
-    ("POST", "/unload_lora_adapter", unload_lora_adapter),
 )
 
 

@@ -124,7 +124,7 @@ def note_group_gone(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -
     plane.live_groups.discard(body.get("group_name") or "weight_update_group")
 
 
-# /load_lora_adapter is here too, but prime-rl's handler owns the path (admin.py): same body.
+# /load_lora_adapter and /unload_lora_adapter: the LoRA registry owns them (lora_routes.py).
 FORWARDS = (
     Forward(("POST",), "/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
             after=note_version),
@@ -139,7 +139,6 @@ FORWARDS = (
     Forward(("GET", "POST"), "/flush_cache", "admin_timeout_s"),
     Forward(("GET", "POST"), "/release_memory_occupation", "weight_update_timeout_s"),
     Forward(("GET", "POST"), "/resume_memory_occupation", "weight_update_timeout_s"),
-    Forward(("POST",), "/unload_lora_adapter", "admin_timeout_s"),
     Forward(("GET", "POST"), "/get_weights_by_name", "admin_timeout_s", fan_out=False),
     Forward(("GET",), "/model_info", "short", fan_out=False),
     Forward(("GET",), "/get_model_info", "short", fan_out=False),

@@ -23,6 +23,7 @@ from token_proxy.proxy.admin.forward import (
     note_group,
     note_pause,
 )
+from token_proxy.proxy.admin.lora_routes import add_lora_routes
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.upstream.context import CONTEXT
@@ -154,34 +155,6 @@ async def init_broadcaster(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-async def load_lora_adapter(request: web.Request) -> web.Response:
-    """prime-rl reloads one adapter name with new weights every step (vLLM's load_inplace); SGLang
-    refuses a loaded name, so such a worker unloads it first. Replies suit both prime-rl and SGLang."""
-    plane = request.app[ADMIN]
-    body = await read_json(request)
-    name = check.text(body.get("lora_name"), "lora_name")
-    check.local_dir(body.get("lora_path"), "lora_path", plane.settings)
-    timeout_s = plane.settings.weight_update_timeout_s
-    replies = await plane.fan_out("POST", "/load_lora_adapter", body, timeout_s)
-    stale = [r.url for r in replies if not r.ok and "already loaded" in r.message]
-    if stale:
-        await plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": name}, timeout_s, stale)
-        again = iter(await plane.fan_out("POST", "/load_lora_adapter", body, timeout_s, stale))
-        replies = [next(again) if r.url in stale else r for r in replies]
-    raise_for_failures("load_lora_adapter", replies)
-    loaded = replies[0].body.get("loaded_adapters") if isinstance(replies[0].body, dict) else None
-    return json_response({"status": "ok", "success": True, "error_message": None, "loaded_adapters": loaded})
-
-
-async def unload_lora_adapter(request: web.Request) -> web.Response:
-    plane = request.app[ADMIN]
-    name = check.text((await read_json(request)).get("lora_name"), "lora_name")
-    replies = await plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": name},
-                                  plane.settings.admin_timeout_s)
-    raise_for_failures("unload_lora_adapter", replies)
-    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
-
-
 async def liveness(request: web.Request) -> web.Response:
     """Every worker's scheduler answers (/get_load goes through it, paused or not) within 10 s."""
     plane = request.app[ADMIN]
@@ -206,19 +179,18 @@ PRIME_RL_ROUTES = (
     ("POST", "/update_weights", update_weights),
     ("POST", "/reload_weights", reload_weights),
     ("POST", "/init_broadcaster", init_broadcaster),
-    ("POST", "/load_lora_adapter", load_lora_adapter),
-    ("POST", "/v1/load_lora_adapter", load_lora_adapter),
-    ("POST", "/v1/unload_lora_adapter", unload_lora_adapter),
     ("GET", "/liveness", liveness),
 )
 
 
 def add_admin_routes(app: web.Application) -> None:
-    """prime-rl's endpoints, SGLang's forwarded ones, then (last) the pass-through of the rest."""
+    """prime-rl's endpoints, LoRA's (both dialects), SGLang's forwarded ones, then (last) the
+    pass-through of the rest."""
     app.cleanup_ctx.append(_admin_plane)
     for method, path, handler in PRIME_RL_ROUTES:
         app.router.add_route(method, path, handler)
     vllm_rl.add_vllm_rl_routes(app)
+    add_lora_routes(app)
     add_forward_routes(app)
     add_passthrough(app)
 
