@@ -17,6 +17,7 @@ class RequestStats:
     completion_tokens: int = 0
     cached_tokens: int = 0
     weight_version: str | None = None
+    adapter: str | None = None  # the LoRA adapter's name, for an adapter request
     prompt_cache_hit: bool | None = None  # None: no chat rendering in this request
     render_s: float = 0.0  # rendering + tokenizing, when it ran (cache misses)
     started_at: float = field(default_factory=time.perf_counter)

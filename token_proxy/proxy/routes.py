@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed
+from token_proxy.proxy.admin.lora_registry import ADAPTERS
+from token_proxy.proxy.admin.lora_routes import adapter_cards
 from token_proxy.proxy.admin.routes import add_admin_routes
 from token_proxy.proxy.endpoints.chat import chat_completions, chat_completions_tokens
 from token_proxy.proxy.endpoints.completions import completions
@@ -34,7 +36,8 @@ async def list_models(request: web.Request) -> web.Response:
     card = {"id": name, "object": "model", "created": ctx.started_at, "owned_by": "sglang-token-proxy",
             "root": ctx.backend.tokenizer_path, "parent": None, "max_model_len": ctx.max_model_len,
             "permission": []}
-    return json_response({"object": "list", "data": [card]})
+    adapters = adapter_cards(request.app[ADAPTERS], name, ctx.max_model_len, ctx.started_at)
+    return json_response({"object": "list", "data": [card, *adapters]})
 
 
 async def health(request: web.Request) -> web.Response:

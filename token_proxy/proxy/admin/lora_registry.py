@@ -12,7 +12,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Self
 
 from aiohttp import web
 
@@ -49,7 +48,7 @@ class Lease:
             self._released = True
             self._registry._release(self.adapter)
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Lease:  # noqa: PYI034 (Self needs Python 3.11; 3.10 is supported)
         return self
 
     def __exit__(self, *exc) -> None:

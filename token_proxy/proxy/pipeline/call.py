@@ -10,6 +10,7 @@ import contextlib
 from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
+from token_proxy.proxy.admin.lora import LoraAdmin, retry_if_lost
 from token_proxy.proxy.http_io import DONE, open_sse, sse_frames
 from token_proxy.proxy.request_stats import RequestStats
 from token_proxy.proxy.upstream.aborts import abort_all_of, aborting_on_exit
@@ -19,10 +20,12 @@ from token_proxy.schemas.sglang_payload import SGLangRequest
 
 
 async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
-                         stats: RequestStats) -> list[Output]:
-    """A non-streaming /generate call -> one finished Output per choice."""
+                         stats: RequestStats, lora: LoraAdmin | None = None) -> list[Output]:
+    """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
+    request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
     async with aborting_on_exit(ctx, call.rids, stats):
-        items = await ctx.client.generate(call.body)
+        send = lambda: ctx.client.generate(call.body)
+        items = await (send() if lora is None else retry_if_lost(lora, send))
     stats.mark_first_token()
     outputs = rules.whole(items)
     record(stats, rules)
@@ -30,11 +33,11 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
 
 
 async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
-                            formatter, stats: RequestStats) -> web.StreamResponse:
+                            formatter, stats: RequestStats, lora: LoraAdmin | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
-    async with (aborting_on_exit(ctx, call.rids, stats),
-                contextlib.aclosing(ctx.client.generate_stream(call.body)) as batches):
-        first = await anext(batches, None)
+    async with aborting_on_exit(ctx, call.rids, stats), contextlib.AsyncExitStack() as stack:
+        opened = lambda: _open_stream(ctx, call.body, stack)
+        batches, first = await (opened() if lora is None else retry_if_lost(lora, opened))
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         response = await open_sse(request)
@@ -50,6 +53,12 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         finally:
             record(stats, rules)
     return response
+
+
+async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExitStack):
+    """The stream and its first batch of events (an HTTP error before it raises here)."""
+    batches = await stack.enter_async_context(contextlib.aclosing(ctx.client.generate_stream(body)))
+    return batches, await anext(batches, None)
 
 
 def _chunks(rules: OutputRules, formatter, events: list[dict]) -> list[dict]:

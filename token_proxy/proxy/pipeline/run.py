@@ -13,9 +13,10 @@ from typing import Protocol
 from aiohttp import web
 
 from token_proxy.errors import InvalidRequest
+from token_proxy.proxy.admin.lora import LORA
 from token_proxy.proxy.http_io import json_response
 from token_proxy.proxy.pipeline.call import generate_streamed, generate_whole
-from token_proxy.proxy.pipeline.target import resolve_model
+from token_proxy.proxy.pipeline.target import ModelTarget, resolve_model
 from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
@@ -64,7 +65,17 @@ class Endpoint(Protocol):
 async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     ctx, job, stats = request.app[CONTEXT], endpoint.job, stats_of(request)
     stats.stream = job.stream
-    target = resolve_model(ctx, job.model)
+    target = resolve_model(request.app, ctx, job.model)
+    stats.adapter = target.name if target.lora_path else None
+    try:
+        return await _serve(request, ctx, endpoint, target, stats)
+    finally:
+        target.release()
+
+
+async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, target: ModelTarget,
+                 stats: RequestStats) -> web.StreamResponse:
+    job = endpoint.job
     sampling = checked_seed(ctx, job.sampling)
     prompts = await endpoint.prompt_ids(ctx, stats)
     stats.prompt_tokens = sum(len(ids) for ids in prompts)
@@ -77,11 +88,11 @@ async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamRe
                           cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path)
     rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
     formatter = await endpoint.formatter(ctx, meta)
+    lora = request.app.get(LORA) if target.lora_path else None
     if job.stream:
-        return await generate_streamed(request, ctx, call, rules, formatter, stats)
-    outputs = await generate_whole(ctx, call, rules, stats)
+        return await generate_streamed(request, ctx, call, rules, formatter, stats, lora)
+    outputs = await generate_whole(ctx, call, rules, stats, lora)
     return json_response(formatter.response(outputs, rules.usage()))
-
 
 def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, prompt_tokens: int,
                  stream: bool) -> OutputRules:
