@@ -42,7 +42,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start  # noqa: E402
+from bench_proxy import free_port, start
 
 GROUP = 8  # GRPO-style: each prompt sent this many times in a row
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -231,7 +231,8 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     shares = [row.concurrency // procs_n + (p < row.concurrency % procs_n) for p in range(procs_n)]
     ctx = mp.get_context("fork")  # the bodies are inherited, not pickled
     counter = ctx.Value("q", 0)
-    ready, go = ctx.Barrier(procs_n + 1), ctx.Barrier(procs_n + 1)
+    # A client that dies before a barrier breaks it (BrokenBarrierError) instead of hanging the run.
+    ready, go = ctx.Barrier(procs_n + 1, timeout=900), ctx.Barrier(procs_n + 1, timeout=900)
     out = ctx.Queue()
     procs = [ctx.Process(target=_client_main, daemon=True, args=(
         (url, bodies, row.stream, share, counter, row.n, ready, go, max_tokens, warmup[p::procs_n][:2] or warmup[:1]),
@@ -267,7 +268,8 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
 # ---------------------------------------------------------------- servers
 
 def proxy_supports_workers() -> bool:
-    out = subprocess.run([sys.executable, "-m", "token_proxy", "--help"], capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-m", "token_proxy", "--help"], check=False, capture_output=True,
+                         text=True).stdout
     return "--workers " in out or "--workers N" in out
 
 
