@@ -332,7 +332,7 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=256, help="at least this many requests (c > 1)")
     parser.add_argument("--single-requests", type=int, default=200, help="requests at concurrency 1")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--facts", type=int, default=32, help="prompt length knob: 32 facts ~ 830 tokens (Qwen2)")
+    parser.add_argument("--facts", type=int, default=31, help="prompt length knob: 31 facts ~ 838 tokens (Qwen2)")
     parser.add_argument("--proxy-arg", action="append", default=[], help="extra token-proxy flag (repeatable)")
     parser.add_argument("--sim-tpot-ms", type=float, default=0.0)
     parser.add_argument("--sim-ttft-ms", type=float, default=0.0)
