@@ -1,0 +1,444 @@
+"""The honest ceiling: SGLang's /generate with ids tokenized before timing, SGLang's own chat, and the proxy.
+
+A multi-process load generator (N client processes, each one asyncio + aiohttp event loop, pulling
+request numbers from one shared counter) so the client is never the bottleneck. For every point
+(stream or not, distinct prompts or GRPO-style groups, concurrency) each target gets the same kind
+of prompts, never the same prompts: distinct prompts are new to the whole run, so the proxy's
+render cache never hits; GRPO groups send each prompt 8 times in a row (render-cache and prefix-
+cache hits, as a trainer's group does). SGLang's prefix cache is flushed before every point.
+
+Targets:
+  generate  SGLang POST /generate, input_ids rendered and tokenized before timing (the ceiling)
+  chat      SGLang's own POST /v1/chat/completions (asks for token ids where SGLang allows it)
+  proxy     token-proxy's POST /v1/chat/completions (return_token_ids), with each --proxy-workers N
+            (passed as `token-proxy --workers N` once that flag exists; until then only 1 runs)
+
+Reports req/s, the proxy's throughput divided by the ceiling's, p50/p99 latency, TTFT p50 (streams)
+and the CPU the proxy's process tree used (utime+stime from /proc, as cores and as ms per request).
+
+    # the GPU host, a live SGLang server:
+    python bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --proxy-workers 1 2 4
+    # a dry run against the built-in simulator (no GPU; SGLang's own chat is not simulated):
+    python bench/bench_ceiling.py --simulator --concurrency 1 16 --single-requests 20 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import multiprocessing as mp
+import os
+import platform
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_proxy import free_port, start
+
+GROUP = 8  # GRPO-style: each prompt sent this many times in a row
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+_unique = itertools.count(int(time.time()) % 1_000_000 * 10_000)  # new prompt texts across runs too
+
+
+# ---------------------------------------------------------------- prompts and bodies
+
+def chat_messages(k: int, facts: int) -> list[dict]:
+    """A chat whose every fact names k, so no two prompts share more than the system prompt."""
+    text = " ".join(f"Fact {i}: item {k}-{i} weighs {(i * 7919 + k * 104729) % 1000} grams." for i in range(facts))
+    return [{"role": "system", "content": "You are a careful assistant."},
+            {"role": "user", "content": text + " Which item is heaviest?"}]
+
+
+def prompt_plan(n: int, repeats: bool, facts: int) -> list[list[dict]]:
+    """n prompts for one point and target: all new, or groups of GROUP identical ones."""
+    if not repeats:
+        return [chat_messages(next(_unique), facts) for _ in range(n)]
+    groups = [chat_messages(next(_unique), facts) for _ in range((n + GROUP - 1) // GROUP)]
+    return [groups[i // GROUP] for i in range(n)]
+
+
+def chat_body(messages: list[dict], stream: bool, model: str, max_tokens: int, proxy: bool) -> bytes:
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 1.0, "stream": stream}
+    if proxy:
+        body["return_token_ids"] = True
+    elif not stream:  # SGLang refuses its token-id flags on streams
+        body.update(return_token_ids=True, return_prompt_token_ids=True)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
+
+
+def generate_body(ids: list[int], stream: bool, max_tokens: int) -> bytes:
+    return orjson.dumps({"input_ids": ids, "stream": stream, "sampling_params": {
+        "max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 1.0}})
+
+
+async def tokenize_all(proxy: str, prompts: list[list[dict]]) -> list[list[int]]:
+    """The very ids the proxy would render (before timing; these prompts are never sent to the proxy)."""
+    out: dict[int, list[int]] = {}
+    seen: dict[int, int] = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as session:
+        async def one(i):
+            async with session.post(proxy + "/tokenize", json={"messages": prompts[i]}) as resp:
+                out[i] = (await resp.json())["tokens"]
+        todo = []
+        for i, p in enumerate(prompts):
+            if id(p) in seen:
+                continue
+            seen[id(p)] = i
+            todo.append(one(i))
+        await asyncio.gather(*todo)
+    return [out[seen[id(p)]] for p in prompts]
+
+
+# ---------------------------------------------------------------- the client processes
+
+async def _one(session, url: str, body: bytes, stream: bool) -> tuple[float, float, int]:
+    t0 = time.perf_counter()
+    ttft = None
+    last = b""
+    tokens = 0
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{resp.status}: {(await resp.read())[:300]!r}")
+        if not stream:
+            data = orjson.loads(await resp.read())
+            total = time.perf_counter() - t0
+            tokens = data["usage"]["completion_tokens"] if "usage" in data else data["meta_info"]["completion_tokens"]
+            return total, total, tokens
+        buffer = b""
+        async for chunk in resp.content.iter_any():
+            buffer += chunk
+            *events, buffer = buffer.split(b"\n\n")
+            for event in events:
+                if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                    continue
+                data = event[6:]
+                if ttft is None and (data.startswith(b'{"text"') or (
+                        b'"role"' not in data and (b'"content":"' in data or b'"token_ids":[' in data))):
+                    ttft = time.perf_counter() - t0
+                last = data
+                if b'"choices":[]' in data and b'"usage":{' in data:
+                    tokens = orjson.loads(data)["usage"]["completion_tokens"]
+    total = time.perf_counter() - t0
+    if not tokens and last.startswith(b'{"text"'):  # native /generate: the last event's meta_info
+        tokens = orjson.loads(last)["meta_info"]["completion_tokens"]
+    return total, ttft if ttft is not None else total, tokens
+
+
+async def _client(url, bodies, stream, concurrency, counter, n, ready, go, max_tokens, warmup) -> dict:
+    lat, ttfts, errors, short = [], [], 0, 0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=1800)) as session:
+        for body in warmup:  # connections and code paths; prompts of their own, never timed
+            with contextlib.suppress(Exception):
+                await _one(session, url, body, stream)
+        await asyncio.to_thread(ready.wait)
+        await asyncio.to_thread(go.wait)
+
+        def take() -> int:
+            with counter.get_lock():
+                i = counter.value
+                counter.value = i + 1
+            return i
+
+        async def worker():
+            nonlocal errors, short
+            while (i := take()) < n:
+                try:
+                    total, ttft, produced = await _one(session, url, bodies[i], stream)
+                    lat.append(total)
+                    ttfts.append(ttft)
+                    short += produced < max_tokens
+                except Exception as exc:  # noqa: BLE001 - counted and shown, never hidden
+                    errors += 1
+                    if errors <= 3:
+                        print(f"  error: {exc}", file=sys.stderr)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        t1 = time.perf_counter()
+    return {"lat": lat, "ttft": ttfts, "errors": errors, "short": short, "t0": t0, "t1": t1}
+
+
+def _client_main(args, out):
+    out.put(asyncio.run(_client(*args)))
+
+
+# ---------------------------------------------------------------- CPU of the proxy's process tree
+
+def tree_cpu_s(root: int) -> float:
+    """utime + stime of root and every live descendant, in seconds."""
+    parent, cpu = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += [child for child, ppid in parent.items() if ppid == pid]
+    return total
+
+
+# ---------------------------------------------------------------- one point
+
+@dataclass
+class Row:
+    target: str
+    workers: int | None
+    stream: bool
+    repeats: bool
+    concurrency: int
+    n: int
+    rps: float = 0.0
+    p50: float = float("nan")
+    p99: float = float("nan")
+    ttft50: float = float("nan")
+    cores: float | None = None
+    cpu_ms: float | None = None
+    errors: int = 0
+    short: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
+
+
+def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clients: int, flush_url: str | None,
+              proxy_pid: int | None, max_tokens: int) -> Row:
+    procs_n = max(1, min(clients, row.concurrency))
+    shares = [row.concurrency // procs_n + (p < row.concurrency % procs_n) for p in range(procs_n)]
+    ctx = mp.get_context("fork")  # the bodies are inherited, not pickled
+    counter = ctx.Value("q", 0)
+    # A client that dies before a barrier breaks it (BrokenBarrierError) instead of hanging the run.
+    ready, go = ctx.Barrier(procs_n + 1, timeout=900), ctx.Barrier(procs_n + 1, timeout=900)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_client_main, daemon=True, args=(
+        (url, bodies, row.stream, share, counter, row.n, ready, go, max_tokens, warmup[p::procs_n][:2] or warmup[:1]),
+        out)) for p, share in enumerate(shares)]
+    for proc in procs:
+        proc.start()
+    ready.wait()
+    if flush_url:  # every point starts from an empty prefix cache
+        with contextlib.suppress(OSError), urllib.request.urlopen(
+                urllib.request.Request(flush_url, data=b"{}", method="POST"), timeout=60):
+            pass
+    cpu0 = tree_cpu_s(proxy_pid) if proxy_pid else None
+    go.wait()
+    parts = [out.get() for _ in procs]
+    cpu1 = tree_cpu_s(proxy_pid) if proxy_pid else None
+    for proc in procs:
+        proc.join()
+    lat = [x for p in parts for x in p["lat"]]
+    ttft = [x for p in parts for x in p["ttft"]]
+    wall = max(p["t1"] for p in parts) - min(p["t0"] for p in parts)
+    row.rps = len(lat) / wall if wall > 0 else 0.0
+    row.p50, row.p99 = pct(lat, 0.5), pct(lat, 0.99)
+    row.ttft50 = pct(ttft, 0.5) if row.stream else float("nan")
+    row.errors = sum(p["errors"] for p in parts)
+    row.short = sum(p["short"] for p in parts)
+    if cpu0 is not None:
+        # The counters move between the barrier and the first request by the clients' own wait only.
+        row.cores = (cpu1 - cpu0) / wall if wall > 0 else None
+        row.cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(lat))
+    return row
+
+
+# ---------------------------------------------------------------- servers
+
+def proxy_supports_workers() -> bool:
+    out = subprocess.run([sys.executable, "-m", "token_proxy", "--help"], check=False, capture_output=True,
+                         text=True).stdout
+    return "--workers " in out or "--workers N" in out
+
+
+def start_proxy(backend: str, workers: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "token_proxy", "--backend", backend, "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *extra]
+    if workers != 1:
+        cmd += ["--workers", str(workers)]
+    return start(cmd, url), url
+
+
+def start_simulator(tpot_ms: float, ttft_ms: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # As `token-proxy` starts it (and as the README recommends SGLang): incremental streams.
+    cmd = [sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(port),
+           "--ttft-ms", str(ttft_ms), "--tpot-ms", str(tpot_ms), "--incremental-streaming-output",
+           "--enable-deterministic-inference"]
+    return start(cmd, url), url
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.load(resp)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# ---------------------------------------------------------------- the run
+
+def points(args):
+    for stream in args.stream:
+        for prompts in args.prompts:
+            for conc in args.concurrency:
+                n = args.single_requests if conc == 1 else max(args.min_requests, conc * args.rounds)
+                yield stream == "stream", prompts == "grpo", conc, n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--sglang", help="a live SGLang server's URL")
+    where.add_argument("--simulator", action="store_true", help="start the built-in simulator (a dry run)")
+    parser.add_argument("--targets", nargs="+", default=["generate", "chat", "proxy"],
+                        choices=["generate", "chat", "proxy"])
+    parser.add_argument("--proxy-workers", type=int, nargs="+", default=[1])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 256, 1024])
+    parser.add_argument("--stream", nargs="+", default=["nonstream", "stream"], choices=["nonstream", "stream"])
+    parser.add_argument("--prompts", nargs="+", default=["distinct", "grpo"], choices=["distinct", "grpo"])
+    parser.add_argument("--clients", type=int, default=8, help="client processes")
+    parser.add_argument("--rounds", type=int, default=4, help="requests per concurrency slot (c > 1)")
+    parser.add_argument("--min-requests", type=int, default=256, help="at least this many requests (c > 1)")
+    parser.add_argument("--single-requests", type=int, default=200, help="requests at concurrency 1")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--facts", type=int, default=31, help="prompt length knob: 31 facts ~ 838 tokens (Qwen2)")
+    parser.add_argument("--proxy-arg", action="append", default=[], help="extra token-proxy flag (repeatable)")
+    parser.add_argument("--sim-tpot-ms", type=float, default=0.0)
+    parser.add_argument("--sim-ttft-ms", type=float, default=0.0)
+    parser.add_argument("--json-out", help="also write the rows here")
+    args = parser.parse_args()
+
+    procs = []
+    try:
+        if args.simulator:
+            sim, backend = start_simulator(args.sim_tpot_ms, args.sim_ttft_ms)
+            procs.append(sim)
+            if "chat" in args.targets:
+                print("  the simulator has no /v1/chat/completions: target 'chat' skipped", file=sys.stderr)
+                args.targets = [t for t in args.targets if t != "chat"]
+        else:
+            backend = args.sglang.rstrip("/")
+        info = get_json(backend + "/server_info")
+        workers_ok = proxy_supports_workers()
+        worker_counts = [w for w in args.proxy_workers if w == 1 or workers_ok]
+        if worker_counts != args.proxy_workers:
+            print(f"  token-proxy has no --workers yet: runs only {worker_counts}", file=sys.stderr)
+        rows = run_all(args, backend, worker_counts)
+    finally:
+        for proc in procs:
+            stop(proc)
+    print_table(args, info, rows)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump([r.__dict__ for r in rows], f, indent=1)
+
+
+def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
+    rows = []
+    flush = backend + "/flush_cache"
+    proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1, args.proxy_arg)
+    try:
+        model = get_json(proxy_url + "/v1/models")["data"][0]["id"]
+        warm = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
+        warm_ids = asyncio.run(tokenize_all(proxy_url, warm))
+        lengths = asyncio.run(tokenize_all(proxy_url, warm[:1]))
+        args.prompt_tokens = len(lengths[0])
+        # The ceiling and SGLang's own chat: once, whatever the proxy's worker count.
+        for stream, repeats, conc, n in points(args):
+            for target in ("generate", "chat"):
+                if target not in args.targets:
+                    continue
+                row = Row(target, None, stream, repeats, conc, n)
+                plan = prompt_plan(n, repeats, args.facts)
+                if target == "generate":
+                    ids = asyncio.run(tokenize_all(proxy_url, plan))
+                    bodies = [generate_body(x, stream, args.max_tokens) for x in ids]
+                    warmup = [generate_body(x, stream, args.max_tokens) for x in warm_ids]
+                    url = backend + "/generate"
+                else:
+                    bodies = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in plan]
+                    warmup = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in warm]
+                    url = backend + "/v1/chat/completions"
+                print(f"  {target} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
+                rows.append(run_point(row, url, bodies, warmup, args.clients, flush, None, args.max_tokens))
+        if "proxy" in args.targets:
+            for i, workers in enumerate(worker_counts):
+                if i:
+                    stop(proxy)
+                    proxy, proxy_url = start_proxy(backend, workers, args.proxy_arg)
+                for stream, repeats, conc, n in points(args):
+                    plan = prompt_plan(n, repeats, args.facts)
+                    bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
+                    warmup = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in warm]
+                    print(f"  proxy x{workers} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
+                    rows.append(run_point(Row("proxy", workers, stream, repeats, conc, n),
+                                          proxy_url + "/v1/chat/completions", bodies, warmup, args.clients, flush,
+                                          proxy.pid, args.max_tokens))
+    finally:
+        stop(proxy)
+    return rows
+
+
+def print_table(args, info: dict, rows: list[Row]) -> None:
+    ceiling = {(r.stream, r.repeats, r.concurrency): r for r in rows if r.target == "generate"}
+    chat = {(r.stream, r.repeats, r.concurrency): r for r in rows if r.target == "chat"}
+    kind = "built-in simulator" if args.simulator else f"SGLang {info.get('version')}"
+    streams = "incremental" if info.get("incremental_streaming_output") else "cumulative"
+    print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {kind} ({streams} streams), model "
+          f"{info.get('model_path')}; ~{getattr(args, 'prompt_tokens', '?')}-token chat prompts, {args.max_tokens} "
+          f"output tokens (ignore_eos, temperature 1); {args.clients} client processes; "
+          f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
+    print("| target | stream | prompts | conc | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | p99 ms "
+          "| TTFT p50 ms | proxy cores | proxy CPU ms/req | errors |")
+    print("|" + "---|" * 14)
+    names = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
+    for r in sorted(rows, key=lambda r: (r.stream, r.repeats, r.concurrency, r.target != "generate",
+                                         r.target != "chat", r.workers or 0)):
+        key = (r.stream, r.repeats, r.concurrency)
+        ceil = ceiling.get(key)
+        ref = chat.get(key)
+        ratio = f"{r.rps / ceil.rps:.2f}" if ceil and ceil.rps and r.target != "generate" else "-"
+        vs_chat = f"{r.rps / ref.rps:.2f}" if ref and ref.rps and r.target == "proxy" else "-"
+        name = names.get(r.target) or f"proxy, {r.workers} worker{'s' if r.workers != 1 else ''}"
+        ttft = f"{r.ttft50:.2f}" if r.stream else "-"
+        cores = f"{r.cores:.2f}" if r.cores is not None else "-"
+        cpu = f"{r.cpu_ms:.2f}" if r.cpu_ms is not None else "-"
+        err = f"{r.errors}" + (f" (+{r.short} short)" if r.short else "")
+        print(f"| {name} | {'yes' if r.stream else 'no'} | {'GRPO x8' if r.repeats else 'distinct'} "
+              f"| {r.concurrency} | {r.n} | {r.rps:.1f} | {ratio} | {vs_chat} | {r.p50:.2f} | {r.p99:.2f} | {ttft} "
+              f"| {cores} | {cpu} | {err} |")
+
+
+if __name__ == "__main__":
+    main()
