@@ -16,7 +16,7 @@ from token_proxy.schemas.fields import bad, opt_bool, opt_str, token_id_list
 async def tokenize(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
-    resolve_model(ctx, opt_str(body, "model"))
+    resolve_model(request.app, ctx, opt_str(body, "model")).release()  # a known model or adapter
     if "messages" in body:
         ids = (await ctx.renderer.render_chat(parse_chat_prompt(body))).ids
     else:
@@ -34,7 +34,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
-    resolve_model(ctx, opt_str(body, "model"))
+    resolve_model(request.app, ctx, opt_str(body, "model")).release()  # a known model or adapter
     ids = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size, allow_empty=True)
     text = await _in_executor(ctx, ctx.token_texts.decode, ids, False)
     return json_response({"prompt": text})
