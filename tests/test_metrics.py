@@ -54,6 +54,7 @@ async def until(predicate, timeout_s: float = 3.0):
 def make_app_client(aiohttp_client, shared_tokenizer, tokenizer_dir):
     """A proxy whose app the test may extend before it starts (extra routes, metrics knobs)."""
     from token_proxy.proxy.app import create_app
+    from token_proxy.proxy.upstream.connection import wait_until_connected
     from token_proxy.settings import Settings
 
     async def factory(sim, routes=(), weight_routes=None, **overrides):
@@ -63,7 +64,9 @@ def make_app_client(aiohttp_client, shared_tokenizer, tokenizer_dir):
             app.router.add_route(method, path, handler)
         if weight_routes is not None:
             app[METRICS].weight_update_routes = frozenset(weight_routes)
-        return await aiohttp_client(app)
+        client = await aiohttp_client(app)
+        await wait_until_connected(client.app, 5.0)
+        return client
 
     return factory
 
