@@ -166,6 +166,7 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
                 values[field] = kind(values[field])
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{env_name(flag)}: {exc}")
+    values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
     if values["backend_url"]:
         try:
             values["backend_url"], warning = normalise_backend_url(values["backend_url"])

@@ -86,7 +86,7 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
             raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
-        if self.backend_url is not None and not self.backend_url.startswith(("http://", "https://")):
+        if self.backend_url and not self.backend_url.startswith(("http://", "https://")):
             raise ValueError(f"backend_url must be an http(s) URL such as http://127.0.0.1:30000, "
                              f"got {self.backend_url!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
