@@ -227,7 +227,7 @@ def _event_data(event: bytes) -> bytes | None:
 def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
     if isinstance(exc.os_error, ConnectionRefusedError):
         return "connection refused"
-    if isinstance(exc, getattr(aiohttp, "ClientConnectorDNSError", ())):  # aiohttp >= 3.10
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return f"cannot resolve the host ({exc.os_error})"
     return f"cannot connect ({exc.os_error or exc})"
 
