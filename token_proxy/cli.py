@@ -58,15 +58,15 @@ FLAG_GROUPS = (
     )),
     ("SGLang", (
         ("--backend", "backend_url", str, "SGLang server or sglang-router URL, e.g. http://127.0.0.1:30000"),
-        ("--backend-wait", "backend_wait_s", float, "seconds SGLang may take to come up before the wait is "
-         "logged as a warning (the proxy serves 503 meanwhile)"),
+        ("--backend-wait", "backend_wait_s", float, ("seconds SGLang may take to come up before the wait is "
+         "logged as a warning (the proxy serves 503 meanwhile)")),
         ("--request-timeout", "request_timeout_s", float, "seconds one SGLang request may take"),
         ("--connect-timeout", "connect_timeout_s", float, "seconds to open a connection to SGLang"),
-        ("--first-token-timeout", "first_token_timeout_s", float, "seconds until SGLang's first stream "
-         "event (0: off)"),
+        ("--first-token-timeout", "first_token_timeout_s", float, ("seconds until SGLang's first stream "
+         "event (0: off)")),
         ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),
-        ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool, "send `seed` even when SGLang runs "
-         "without --enable-deterministic-inference (it is then ignored)"),
+        ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool, ("send `seed` even when SGLang runs "
+         "without --enable-deterministic-inference (it is then ignored)")),
     )),
     ("limits", (
         ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
@@ -75,31 +75,31 @@ FLAG_GROUPS = (
         ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
     )),
     ("access", (
-        ("--api-key", "api_key", str, "require Authorization: Bearer KEY on inference routes (prefer the "
-         "env var)"),
+        ("--api-key", "api_key", str, ("require Authorization: Bearer KEY on inference routes (prefer the "
+         "env var)")),
         ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
-        ("--admin-open", "admin_open", flag_bool, "without an admin key, let non-loopback clients use admin "
-         "routes"),
+        ("--admin-open", "admin_open", flag_bool, ("without an admin key, let non-loopback clients use admin "
+         "routes")),
     )),
     ("weights", (
         ("--worker", "workers", url_list, "repeatable: an SGLang server admin calls fan out to"),
         ("--pause-mode", "pause_mode", str, "SGLang pause mode behind /pause: retract, in_place or abort"),
         ("--admin-timeout", "admin_timeout_s", float, "seconds one admin call (pause, resume, ...) may take"),
         ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
-        ("--init-group-timeout", "init_group_timeout_s", float, "seconds joining a weight-update group may "
-         "take"),
-        ("--check-local-paths", "check_local_paths", flag_bool, "refuse weight/adapter paths that look local "
-         "but do not exist here"),
-        ("--weight-dir", "weight_dirs", url_list, "repeatable: weight and LoRA paths must lie under one of "
-         "these directories"),
+        ("--init-group-timeout", "init_group_timeout_s", float, ("seconds joining a weight-update group may "
+         "take")),
+        ("--check-local-paths", "check_local_paths", flag_bool, ("refuse weight/adapter paths that look local "
+         "but do not exist here")),
+        ("--weight-dir", "weight_dirs", url_list, ("repeatable: weight and LoRA paths must lie under one of "
+         "these directories")),
     )),
     ("logging and metrics", (
         ("--log-level", "log_level", str, "debug, info, warning or error"),
         ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
-        ("--backend-metrics-interval", "backend_metrics_interval_s", float, "seconds between reads of "
-         "SGLang's /metrics for the vllm: view (0: off)"),
-        ("--backend-metrics-stale-after", "backend_metrics_stale_s", float, "seconds without a good read of "
-         "SGLang's /metrics before the vllm: view is withdrawn"),
+        ("--backend-metrics-interval", "backend_metrics_interval_s", float, ("seconds between reads of "
+         "SGLang's /metrics for the vllm: view (0: off)")),
+        ("--backend-metrics-stale-after", "backend_metrics_stale_s", float, ("seconds without a good read of "
+         "SGLang's /metrics before the vllm: view is withdrawn")),
     )),
     ("simulator (only without --backend)", (
         ("--sim-ttft-ms", "sim_ttft_ms", float, "time to first token"),
@@ -260,13 +260,14 @@ def serve(settings: Settings, sock: socket.socket) -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # run_app's handler: a graceful stop
 
     app[ON_FATAL] = stop
-    host, port = sock.getsockname()[:2]
+    port = sock.getsockname()[1]
     log.info("token-proxy listening on http://%s:%d/v1 -> %s (answering 503 until SGLang is connected)",
              settings.host, port, settings.backend_url)
     web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
                 access_log=None, print=None)
-    if fatal:
-        raise StartupError(fatal[0])
+    if fatal:  # already logged, in one line, where it was found
+        logging.shutdown()
+        raise SystemExit(2)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from token_proxy.proxy.upstream.client import SGLangClient
 from token_proxy.proxy.upstream.connection import CONTEXT, SETTINGS, ProxyContext, keep_connected
 from token_proxy.settings import Settings
 
+
 def create_app(settings: Settings) -> web.Application:
     if not settings.backend_url:
         raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")

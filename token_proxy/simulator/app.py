@@ -26,7 +26,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     path = str(config.tokenizer_path)
     try:
         vocab, tokenizer = load_vocab(path), load_tokenizer(path)
-    except Exception as exc:  # tokenizers raises its own Exception type for a bad file
+    except Exception as exc:  # noqa: BLE001 -- tokenizers raises its own Exception type for a bad file
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise SimulatorStartError(f"cannot load the tokenizer {path!r} (a directory with tokenizer.json): "
                                   f"{reason}") from None

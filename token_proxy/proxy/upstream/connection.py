@@ -228,7 +228,7 @@ async def _engine(ctx: ProxyContext) -> Engine:
     try:
         tokenizer = await asyncio.get_running_loop().run_in_executor(ctx.executor, load_tokenizer,
                                                                      backend.tokenizer_path)
-    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
+    except Exception as exc:  # noqa: BLE001 -- transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise TokenizerLoadError(f"cannot load the tokenizer {backend.tokenizer_path!r}: {reason} "
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
