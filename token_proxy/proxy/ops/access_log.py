@@ -120,6 +120,7 @@ def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 
         if not any(isinstance(f, _ToRoot) for f in library.filters):
             library.addFilter(_ToRoot())
     adopt_library_loggers()
+    logging.captureWarnings(True)  # Python warnings (deprecations) as records on the "py.warnings" logger
     listener.start()
     atexit.register(listener.stop)  # flushes what is still queued
     return listener
