@@ -10,15 +10,27 @@ ARGS   ?=
 # proxy runs its built-in simulator. Needs Docker with the compose plugin (>= 2.24.4).
 COMPOSE := docker compose -f deploy/docker-compose.yml $(if $(filter 1,$(SIM)),-f deploy/docker-compose.sim.yml)
 
+# Installs into one .venv are serialised by a lock, so `make run` and `make test` can start side by
+# side (pip must never write one environment twice at once). `make run` installs only what running
+# needs; `make test` adds the test and bench extras.
+LOCKED = $(PYTHON) -c 'import fcntl, subprocess, sys; lock = open(sys.argv[1], "a"); \
+	fcntl.flock(lock, fcntl.LOCK_EX); sys.exit(subprocess.call(sys.argv[2:]))' $(VENV).lock
+
+$(VENV)/.installed-run: pyproject.toml
+	@echo "make: installing token-proxy and its runtime dependencies into $(VENV) (the first time takes a minute or two)..."
+	@$(LOCKED) sh -c '[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
+		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e .' && touch $@
+	@echo "make: $(VENV) is ready to run"
+
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,bench]'
-	touch $@
+	@echo "make: installing token-proxy with its test and bench extras into $(VENV) (the first time takes a minute or two)..."
+	@$(LOCKED) sh -c '[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
+		$(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e ".[test,bench]"' && touch $@ $(VENV)/.installed-run
+	@echo "make: $(VENV) is ready to test"
 
 install: $(VENV)/.installed
 
-run: install  ## the proxy; with no BACKEND it starts the built-in SGLang simulator
+run: $(VENV)/.installed-run  ## the proxy; with no BACKEND it starts the built-in SGLang simulator
 	$(VENV)/bin/token-proxy $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 test: install
@@ -35,7 +47,7 @@ lint: install
 	$(VENV)/bin/ruff check token_proxy tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VENV).lock .pytest_cache build *.egg-info
 
 up:  ## proxy :8000, Prometheus :9090, Grafana :3000 (SIM=1: no GPU needed)
 	$(COMPOSE) up -d --build

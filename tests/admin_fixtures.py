@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import subprocess
 import sys
+import threading
 
 
 def free_port() -> int:
@@ -20,14 +22,23 @@ def free_port() -> int:
 def sim_process(tokenizer_dir, *args: str):
     """`python -m token_proxy.simulator` on a free port; yields its URL."""
     cmd = [sys.executable, "-m", "token_proxy.simulator", "--port", "0", "--tokenizer", str(tokenizer_dir),
-           "--dist-timeout", "10", *args]
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+           "--dist-timeout", "10", "--log-format", "json", *args]
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:
-        line = process.stdout.readline()
-        assert line.startswith("SGLang simulator ready on "), line
-        yield line.split(" on ", 1)[1].strip()
+        yield ready_url(process)
     finally:
         stop_process(process)
+
+
+def ready_url(process: subprocess.Popen) -> str:
+    """The URL in the simulator's JSON "ready" log line (its logs go to stderr, one JSON object each)."""
+    for line in process.stderr:
+        message = json.loads(line)["message"]
+        if message.startswith("SGLang simulator ready on "):
+            # Keep draining: a full pipe would block the simulator's logging.
+            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
+            return message.split(" on ", 1)[1].strip()
+    raise AssertionError(f"the simulator exited ({process.wait()}) without a ready line")
 
 
 def stop_process(process: subprocess.Popen) -> None:

@@ -111,3 +111,28 @@ def test_json_formatter_keeps_exceptions():
         record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, __import__("sys").exc_info())
     line = orjson.loads(JsonFormatter().format(record))
     assert line["message"] == "failed" and "ValueError: boom" in line["exception"]
+
+
+def test_library_lines_go_through_the_proxy_logger_as_json(monkeypatch):
+    """transformers prints through a stderr handler of its own (its "PyTorch was not found" advisory,
+    on import without torch): under --log-format json that line must come out as JSON too."""
+    stream, library_stream = io.StringIO(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    root, library = logging.getLogger(), logging.getLogger("transformers")
+    saved = root.handlers[:], root.level, library.handlers[:], library.propagate, library.filters[:]
+    try:
+        listener = configure_logging("info", "json")
+        own = logging.StreamHandler(library_stream)  # what transformers installs when it is imported
+        library.addHandler(own)
+        library.propagate = False
+        library.warning("PyTorch was not found. Models won't be available")
+        logging.getLogger("transformers.tokenization_utils_base").warning("a child logger's line")
+        listener.stop()
+        atexit.unregister(listener.stop)
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        library.handlers[:], library.propagate, library.filters[:] = saved[2], saved[3], saved[4]
+    lines = [orjson.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["logger"], line["level"]) for line in lines][:1] == [("transformers", "warning")]
+    assert "PyTorch was not found" in lines[0]["message"]
+    assert "PyTorch" not in library_stream.getvalue()

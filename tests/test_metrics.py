@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import aiohttp
 import orjson
@@ -54,6 +55,7 @@ async def until(predicate, timeout_s: float = 3.0):
 def make_app_client(aiohttp_client, shared_tokenizer, tokenizer_dir):
     """A proxy whose app the test may extend before it starts (extra routes, metrics knobs)."""
     from token_proxy.proxy.app import create_app
+    from token_proxy.proxy.upstream.connection import wait_until_connected
     from token_proxy.settings import Settings
 
     async def factory(sim, routes=(), weight_routes=None, **overrides):
@@ -63,7 +65,9 @@ def make_app_client(aiohttp_client, shared_tokenizer, tokenizer_dir):
             app.router.add_route(method, path, handler)
         if weight_routes is not None:
             app[METRICS].weight_update_routes = frozenset(weight_routes)
-        return await aiohttp_client(app)
+        client = await aiohttp_client(app)
+        await wait_until_connected(client.app, 5.0)
+        return client
 
     return factory
 
@@ -262,3 +266,48 @@ async def test_a_stream_that_fails_after_its_200_counts_as_a_backend_error(make_
     assert resp.status == 200 and b'"code":504' in await resp.read()
     text = await (await proxy.get("/metrics")).text()
     assert 'token_proxy_backend_errors_total{endpoint="/v1/chat/completions",kind="timeout"} 1.0' in text
+
+
+async def test_labelled_counters_start_at_zero(proxy):
+    """Every known label combination exists before its first event, so rate() sees the first one."""
+    samples = await scrape(proxy)
+    for endpoint in ("/update_weights", "/update_weights_from_disk", "/reload_weights"):
+        for result in ("success", "failure"):
+            key = ("token_proxy_weight_updates_total", frozenset({"endpoint": endpoint, "result": result}.items()))
+            assert samples[key] == 0.0, key
+    for kind in ("error", "unavailable", "timeout"):
+        key = ("token_proxy_backend_errors_total", frozenset({"endpoint": CHAT, "kind": kind}.items()))
+        assert samples[key] == 0.0
+    key = ("token_proxy_requests_total", frozenset({"endpoint": "/inference/v1/generate", "status": "200",
+                                                     "stream": "false"}.items()))
+    assert samples[key] == 0.0
+    assert samples[("token_proxy_prompt_cache_lookups_total", frozenset({"result": "hit"}.items()))] == 0.0
+
+
+async def test_standard_process_and_python_collector_names(proxy):
+    names = {name for name, _ in await scrape(proxy)}
+    assert "python_info" in names and "python_gc_objects_collected_total" in names
+    if sys.platform == "linux":
+        assert {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} <= names
+    assert not any(name.startswith("token_proxy_process_") for name in names)
+
+
+async def test_weight_version_is_read_again_when_sglang_comes_back(make_sim, make_proxy):
+    """SGLang restarts with other weights: the gauge follows without waiting for a request."""
+    sim = await make_sim(weight_version="a")
+    state = sim.app[SIM_STATE]
+    proxy = await make_proxy(sim, backend_metrics_interval_s=0.02, backend_metrics_stale_s=0.25)
+
+    async def version_is(version):
+        samples = await scrape(proxy)
+        return val(samples, "token_proxy_weight_version_info", weight_version=version) == 1
+
+    assert await until(lambda: version_is("a"))
+    state.crashed = True  # every route answers 503: the scrape fails
+    assert await until(lambda: _scrape_down(proxy))
+    state.weight_version, state.crashed = "b", False
+    assert await until(lambda: version_is("b"))
+
+
+async def _scrape_down(proxy) -> bool:
+    return val(await scrape(proxy), "token_proxy_backend_metrics_up") == 0

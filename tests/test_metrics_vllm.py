@@ -163,3 +163,26 @@ def test_simulator_metrics_use_real_sglang_names_and_labels(tokenizer_dir):
     assert set(running.samples[0].labels) == {"engine_type", "model_name", "moe_ep_rank", "pp_rank", "tp_rank"}
     with pytest.raises(KeyError):
         set_sglang_metrics(state, num_runing_reqs=1)
+
+
+async def test_cache_config_info_and_waiting_by_reason_for_prime_rl(make_sim, make_proxy):
+    """prime-rl reads KV capacity as num_gpu_blocks x block_size from vllm:cache_config_info, and the
+    waiting queue by reason."""
+    from token_proxy.simulator.info import MAX_TOTAL_NUM_TOKENS
+
+    sim = await make_sim(served_model_name="tiny")
+    set_sglang_metrics(sim.app[SIM_STATE], num_queue_reqs=5, num_grammar_queue_reqs=1)
+    proxy = await make_proxy(sim, **FAST)
+
+    async def waiting_shown():
+        fams = await families(proxy)
+        return fams if "vllm:num_requests_waiting_by_reason" in fams else None
+
+    fams = await until(waiting_shown)
+    assert fams, "no vllm:num_requests_waiting_by_reason"
+    by_reason = {s.labels["reason"]: s.value for s in fams["vllm:num_requests_waiting_by_reason"].samples}
+    assert by_reason == {"capacity": 5.0, "deferred": 1.0}
+    (info,) = fams["vllm:cache_config_info"].samples
+    assert info.value == 1.0
+    assert int(info.labels["num_gpu_blocks"]) * int(info.labels["block_size"]) == MAX_TOTAL_NUM_TOKENS
+    assert info.labels["block_size"] == "1"

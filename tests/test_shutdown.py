@@ -18,11 +18,11 @@ from admin_fixtures import free_port
 USER = [{"role": "user", "content": "hi"}]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, path: str = "/health") -> None:
     for _ in range(600):
         assert proc.poll() is None, f"{proc.args} exited early"
         try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+            with urllib.request.urlopen(url + path, timeout=1) as resp:
                 if resp.status == 200:
                     return
         except OSError:
@@ -47,7 +47,8 @@ def servers(tokenizer_dir):
                                   str(tokenizer_dir), "--shutdown-timeout", str(shutdown_timeout),
                                   "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started.append(proxy)
-        wait_healthy(f"http://127.0.0.1:{proxy_port}", proxy)
+        # The proxy's port opens at once; /v1/models answers 200 once it can serve.
+        wait_healthy(f"http://127.0.0.1:{proxy_port}", proxy, "/v1/models")
         return f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}", proxy
 
     yield start

@@ -307,6 +307,41 @@ async def test_prefix_cache_counts_previously_seen_tokens(sim):
     assert flushed["meta_info"]["cached_tokens"] == 0
 
 
+async def test_extra_key_isolates_the_prefix_cache(sim):
+    """SGLang keys its radix cache by extra_key (the proxy's cache_salt): another key shares nothing."""
+    await generate(sim, input_ids=FOX, sampling_params=greedy(1))
+    salted = await generate(sim, input_ids=FOX, sampling_params=greedy(1), extra_key="tenant-a")
+    assert salted["meta_info"]["cached_tokens"] == 0
+    again = await generate(sim, input_ids=FOX, sampling_params=greedy(1), extra_key="tenant-a")
+    assert again["meta_info"]["cached_tokens"] == len(FOX) - 1
+    other = await generate(sim, input_ids=FOX, sampling_params=greedy(1), extra_key="tenant-b")
+    assert other["meta_info"]["cached_tokens"] == 0
+    unsalted = await generate(sim, input_ids=FOX, sampling_params=greedy(1))
+    assert unsalted["meta_info"]["cached_tokens"] == len(FOX) - 1
+
+
+async def test_extra_key_per_prompt_must_match_the_batch(sim):
+    resp = await sim.post("/generate", json={"input_ids": [FOX, FOX], "extra_key": ["a"],
+                                             "sampling_params": greedy(1)})
+    assert resp.status == 400
+    assert "extra_key" in (await resp.text())
+
+
+async def test_cached_token_metrics_agree_with_the_replies(sim):
+    from token_proxy.simulator.metrics import metrics_text
+
+    replies = [await generate(sim, input_ids=FOX, sampling_params=greedy(1)) for _ in range(3)]
+    cached = sum(reply["meta_info"]["cached_tokens"] for reply in replies)
+    prompt = sum(reply["meta_info"]["prompt_tokens"] for reply in replies)
+    assert cached == 2 * (len(FOX) - 1)
+    text = metrics_text(sim.app[SIM_STATE])
+    values = {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if not line.startswith("#")}
+    assert values["sglang:cached_tokens_total"] == cached
+    assert values["sglang:prompt_tokens_total"] == prompt
+    assert values["sglang:cache_hit_rate"] == pytest.approx(cached / prompt)
+
+
 # --- logprobs ------------------------------------------------------------------------------
 
 

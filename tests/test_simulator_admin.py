@@ -312,29 +312,17 @@ async def test_start_simulator_binds_a_free_port(tokenizer_dir):
         await runner.cleanup()
 
 
-def test_command_line_prints_a_ready_line(tokenizer_dir):
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "token_proxy.simulator",
-            "--port",
-            "0",
-            "--tokenizer",
-            str(tokenizer_dir),
-            "--tpot-ms",
-            "1",
-            "--incremental-streaming-output",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+def test_command_line_logs_a_json_ready_line(tokenizer_dir):
+    """Through the logger, so --log-format json keeps every line JSON."""
+    from admin_fixtures import ready_url, stop_process
+
+    process = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", "0", "--tokenizer",
+                                str(tokenizer_dir), "--tpot-ms", "1", "--incremental-streaming-output",
+                                "--log-format", "json"], stderr=subprocess.PIPE, text=True)
     try:
-        line = process.stdout.readline()
-        assert line.startswith("SGLang simulator ready on http://127.0.0.1:")
+        assert ready_url(process).startswith("http://127.0.0.1:")
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop_process(process)
 
 
 async def test_max_running_requests_queues_the_rest(aiohttp_client, tokenizer_dir):

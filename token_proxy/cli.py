@@ -1,5 +1,8 @@
 """`token-proxy`: flags (with TOKEN_PROXY_* environment fallbacks) -> Settings -> the server.
 
+Start-up order: flags are checked, the port is bound (a busy port fails here, in one line), the
+simulator starts when there is no --backend, and the proxy serves at once (503 until SGLang is known).
+
 With no --backend, the built-in SGLang simulator is started in a child process first,
 so the proxy can be tried on a machine with no GPU.
 """
@@ -12,10 +15,12 @@ import dataclasses
 import gc
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 from token_proxy.proxy.ops.access_log import configure_logging
@@ -39,101 +44,230 @@ def flag_bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-# flag -> (Settings field, type, help)
-_FLAGS = (
-    ("--backend", "backend_url", str, "SGLang server or sglang-router URL; omit to run the built-in simulator"),
-    ("--host", "host", str, "address to listen on"),
-    ("--port", "port", int, "port to listen on"),
-    ("--tokenizer", "tokenizer", str, "tokenizer path or HF id (default: SGLang's tokenizer_path)"),
-    ("--served-model-name", "served_model_name", str, "model name (default: SGLang's)"),
-    ("--context-length", "context_length", int, "context length (default: SGLang's max_model_len)"),
-    ("--request-timeout", "request_timeout_s", float, "seconds one SGLang request may take"),
-    ("--connect-timeout", "connect_timeout_s", float, "seconds to connect to SGLang"),
-    ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
-    ("--prompt-cache-size", "prompt_cache_size", int, "rendered prompts kept in the LRU cache (0: off)"),
-    ("--backend-wait", "backend_wait_s", float, "seconds to wait for SGLang's /health at start-up"),
-    ("--sim-ttft-ms", "sim_ttft_ms", float, "simulator only: time to first token"),
-    ("--sim-tpot-ms", "sim_tpot_ms", float, "simulator only: time per output token"),
-    ("--log-level", "log_level", str, "debug, info, warning or error"),
-    ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
-    ("--backend-metrics-interval", "backend_metrics_interval_s", float,
-     "seconds between reads of SGLang's /metrics for the vllm: view (0: off)"),
-    ("--backend-metrics-stale-after", "backend_metrics_stale_s", float,
-     "seconds without a good read of SGLang's /metrics before the vllm: view is withdrawn"),
-    ("--worker", "workers", url_list,
-     "repeatable: an SGLang server admin calls fan out to (default: the backend, or the router's workers)"),
-    ("--pause-mode", "pause_mode", str, "SGLang pause mode behind /pause: retract, in_place or abort"),
-    ("--admin-timeout", "admin_timeout_s", float, "seconds one admin call (pause, resume, ...) may take"),
-    ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
-    ("--init-group-timeout", "init_group_timeout_s", float, "seconds joining a weight-update group may take"),
-    ("--check-local-paths", "check_local_paths", flag_bool,
-     "refuse weight/adapter paths that look local but do not exist here (true/false)"),
-    ("--weight-dir", "weight_dirs", url_list,
-     "repeatable: weight and LoRA paths must lie under one of these directories"),
-    ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
-    ("--max-queued-requests", "max_queued_requests", int, "requests waiting for a slot; more get 503"),
-    ("--queue-timeout", "queue_timeout_s", float, "seconds a request may wait for a slot"),
-    ("--first-token-timeout", "first_token_timeout_s", float, "seconds until SGLang's first event (0: off)"),
-    ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),
-    ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
-    ("--shutdown-timeout", "shutdown_timeout_s", float, "seconds in-flight requests get after SIGTERM"),
-    ("--api-key", "api_key", str, "require Authorization: Bearer KEY on inference routes (prefer the env var)"),
-    ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
-    ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool,
-     "send `seed` even when SGLang runs without --enable-deterministic-inference (it is then ignored)"),
-    ("--admin-open", "admin_open", flag_bool, "without an admin key, let non-loopback clients use admin routes"),
+# (group, [(flag, Settings field, type, help)]): the order --help and the README show.
+FLAG_GROUPS = (
+    ("serving", (
+        ("--host", "host", str, "address to listen on"),
+        ("--port", "port", int, "port to listen on"),
+        ("--tokenizer", "tokenizer", str, "tokenizer directory or Hugging Face id"),
+        ("--served-model-name", "served_model_name", str, "the model name clients send and see"),
+        ("--context-length", "context_length", int, "prompt + completion limit"),
+        ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
+        ("--prompt-cache-size", "prompt_cache_size", int, "rendered prompts kept in the LRU cache (0: off)"),
+        ("--shutdown-timeout", "shutdown_timeout_s", float, "seconds in-flight requests get after SIGTERM"),
+    )),
+    ("SGLang", (
+        ("--backend", "backend_url", str, "SGLang server or sglang-router URL, e.g. http://127.0.0.1:30000"),
+        ("--backend-wait", "backend_wait_s", float, ("seconds SGLang may take to come up before the wait is "
+         "logged as a warning (the proxy serves 503 meanwhile)")),
+        ("--request-timeout", "request_timeout_s", float, "seconds one SGLang request may take"),
+        ("--connect-timeout", "connect_timeout_s", float, "seconds to open a connection to SGLang"),
+        ("--first-token-timeout", "first_token_timeout_s", float, ("seconds until SGLang's first stream "
+         "event (0: off)")),
+        ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),
+        ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool, ("send `seed` even when SGLang runs "
+         "without --enable-deterministic-inference (it is then ignored)")),
+    )),
+    ("limits", (
+        ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
+        ("--max-queued-requests", "max_queued_requests", int, "requests waiting for a slot; more get 503"),
+        ("--queue-timeout", "queue_timeout_s", float, "seconds a request may wait for a slot"),
+        ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
+    )),
+    ("access", (
+        ("--api-key", "api_key", str, ("require Authorization: Bearer KEY on inference routes (prefer the "
+         "env var)")),
+        ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
+        ("--admin-open", "admin_open", flag_bool, ("without an admin key, let non-loopback clients use admin "
+         "routes")),
+    )),
+    ("weights", (
+        ("--worker", "workers", url_list, "repeatable: an SGLang server admin calls fan out to"),
+        ("--pause-mode", "pause_mode", str, "SGLang pause mode behind /pause: retract, in_place or abort"),
+        ("--admin-timeout", "admin_timeout_s", float, "seconds one admin call (pause, resume, ...) may take"),
+        ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
+        ("--init-group-timeout", "init_group_timeout_s", float, ("seconds joining a weight-update group may "
+         "take")),
+        ("--check-local-paths", "check_local_paths", flag_bool, ("refuse weight/adapter paths that look local "
+         "but do not exist here")),
+        ("--weight-dir", "weight_dirs", url_list, ("repeatable: weight and LoRA paths must lie under one of "
+         "these directories")),
+    )),
+    ("logging and metrics", (
+        ("--log-level", "log_level", str, "debug, info, warning or error"),
+        ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
+        ("--backend-metrics-interval", "backend_metrics_interval_s", float, ("seconds between reads of "
+         "SGLang's /metrics for the vllm: view (0: off)")),
+        ("--backend-metrics-stale-after", "backend_metrics_stale_s", float, ("seconds without a good read of "
+         "SGLang's /metrics before the vllm: view is withdrawn")),
+    )),
+    ("simulator (only without --backend)", (
+        ("--sim-ttft-ms", "sim_ttft_ms", float, "time to first token"),
+        ("--sim-tpot-ms", "sim_tpot_ms", float, "time per output token"),
+    )),
 )
+_FLAGS = tuple(flag for _, flags in FLAG_GROUPS for flag in flags)
+DESCRIPTION = ("An OpenAI/vLLM-compatible proxy in front of SGLang's native /generate. With no --backend, "
+               "the built-in SGLang simulator runs in a child process (no GPU needed). Every flag also "
+               "reads an environment variable, TOKEN_PROXY_<FLAG> (e.g. TOKEN_PROXY_BACKEND).")
+
+
+def env_name(flag: str) -> str:
+    return "TOKEN_PROXY_" + flag[2:].upper().replace("-", "_")
+
+
+# What an unset (None / empty) default means, as --help and the README say it.
+UNSET_MEANS = {
+    "tokenizer": "SGLang's tokenizer_path", "served_model_name": "SGLang's", "context_length": "SGLang's",
+    "backend_url": "the built-in simulator", "workers": "the backend, or the router's workers",
+    "weight_dirs": "anywhere", "api_key": "none", "admin_key": "none",
+}
+_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL"}
+
+
+def _shown_default(field: str, value) -> str:
+    if value is None or value == () or field in ("api_key", "admin_key"):
+        return UNSET_MEANS.get(field, "none")
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def build_parser(environ: dict) -> argparse.ArgumentParser:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(prog="token-proxy", description=DESCRIPTION)
+    for title, flags in FLAG_GROUPS:
+        group = parser.add_argument_group(title)
+        for flag, field, kind, help_text in flags:
+            env = env_name(flag)
+            shown = _shown_default(field, getattr(defaults, field))
+            default = environ.get(env, getattr(defaults, field))
+            repeat = {"action": "append", "default": None} if kind is url_list else {"default": default}
+            metavar = "MS" if field.endswith("_ms") else _METAVARS.get(kind, flag[2:].upper().replace("-", "_"))
+            if field == "weight_dirs":
+                metavar = "DIR"
+            group.add_argument(flag, dest=field, type=kind, metavar=metavar,
+                               help=f"{help_text} [default: {shown}; env {env}]", **repeat)
+    return parser
 
 
 def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -> Settings:
     environ = os.environ if environ is None else environ
-    defaults = Settings()
-    parser = argparse.ArgumentParser(prog="token-proxy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for flag, field, kind, help_text in _FLAGS:
-        env = "TOKEN_PROXY_" + flag[2:].upper().replace("-", "_")
-        default = environ.get(env, getattr(defaults, field))
-        repeat = {"action": "append", "default": None} if kind is url_list else {"default": default}
-        parser.add_argument(flag, dest=field, type=kind, **repeat,
-                            help=f"{help_text} [env {env}; default {getattr(defaults, field)}]")
+    parser = build_parser(environ)
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
     for flag, field, kind, _ in _FLAGS:  # environment values arrive as strings
         if kind is url_list:  # repeatable: the flags given, else the environment's comma list
             given = values[field]
-            env_value = environ.get("TOKEN_PROXY_" + flag[2:].upper().replace("-", "_"), "")
-            values[field] = tuple(u for urls in given for u in urls) if given else url_list(env_value)
+            values[field] = tuple(u for urls in given for u in urls) if given else url_list(
+                environ.get(env_name(flag), ""))
         elif isinstance(values[field], str) and kind is not str:
-            values[field] = kind(values[field])
+            try:
+                values[field] = kind(values[field])
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                parser.error(f"{env_name(flag)}: {exc}")
+    values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
+    if values["backend_url"]:
+        try:
+            values["backend_url"], warning = normalise_backend_url(values["backend_url"])
+        except ValueError as exc:
+            parser.error(str(exc))
+        if warning:
+            log.warning("%s", warning)
     try:
         return Settings(**values)
     except ValueError as exc:
         parser.error(str(exc))
 
 
+def normalise_backend_url(url: str) -> tuple[str, str | None]:
+    """SGLang's base URL, or ValueError. An OpenAI-style .../v1 suffix is dropped, with a warning:
+    the proxy calls SGLang's native routes (/generate, /model_info) at its root."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"--backend {url!r} is not an http(s) URL: write it as http://HOST:PORT "
+                         "(SGLang's address, without /v1)")
+    path = parts.path.rstrip("/")
+    warning = None
+    if path.endswith("/v1"):
+        path = path[:-3]
+        warning = (f"--backend {url!r} ends in /v1 (an OpenAI base URL); using SGLang's root "
+                   f"{parts.scheme}://{parts.netloc}{path} (the proxy calls its native /generate)")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", "")), warning
+
+
+def looks_local(path: str) -> bool:
+    """A path, not a Hugging Face id (ids are `name` or `org/name`)."""
+    return path.startswith(("/", "./", "../", "~")) or path in (".", "..") or os.path.exists(path)
+
+
+def check_tokenizer_path(path: str | None) -> None:
+    """A local tokenizer path that does not exist is a typo, not a hub id to wait for."""
+    if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
+        raise StartupError(f"--tokenizer {path!r}: no such file or directory")
+
+
+class StartupError(Exception):
+    """A configuration problem found before serving: one line, exit status 2."""
+
+
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv)
     configure_logging(settings.log_level, settings.log_format)
-    with contextlib.ExitStack() as stack:
-        if not settings.backend_url:
-            url = stack.enter_context(simulator_process(settings))
-            settings = dataclasses.replace(settings, backend_url=url)
-        serve(settings)
+    try:
+        check_tokenizer_path(settings.tokenizer)
+        sock = bind_port(settings.host, settings.port)  # before anything starts: a busy port fails first
+        with sock, contextlib.ExitStack() as stack:
+            if not settings.backend_url:
+                url = stack.enter_context(simulator_process(settings))
+                settings = dataclasses.replace(settings, backend_url=url)
+            serve(settings, sock)
+    except StartupError as exc:
+        log.error("token-proxy cannot start: %s", exc)
+        logging.shutdown()
+        raise SystemExit(2) from None
 
 
-def serve(settings: Settings) -> None:
+def bind_port(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(1024)
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(settings: Settings, sock: socket.socket) -> None:
     from aiohttp import web
 
     from token_proxy.proxy.app import create_app
+    from token_proxy.proxy.upstream.connection import ON_FATAL
 
     # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
     # the collector thousands of times a second under load. Long-lived objects are frozen out of it.
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    log.info("token-proxy listening on http://%s:%d/v1 -> %s", settings.host, settings.port, settings.backend_url)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, handler_cancellation=True,
-                shutdown_timeout=settings.shutdown_timeout_s,
+    fatal: list[str] = []
+    app = create_app(settings)
+
+    def stop(message: str) -> None:  # a configuration error found while connecting: stop serving
+        fatal.append(message)
+        os.kill(os.getpid(), signal.SIGTERM)  # run_app's handler: a graceful stop
+
+    app[ON_FATAL] = stop
+    port = sock.getsockname()[1]
+    log.info("token-proxy listening on http://%s:%d/v1 -> %s (answering 503 until SGLang is connected)",
+             settings.host, port, settings.backend_url)
+    web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
                 access_log=None, print=None)
+    if fatal:  # already logged, in one line, where it was found
+        logging.shutdown()
+        raise SystemExit(2)
 
 
 @contextlib.contextmanager
@@ -144,7 +278,8 @@ def simulator_process(settings: Settings):
     # Configured as the README recommends for SGLang itself: deltas in streams, seeds honoured.
     cmd = [sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(port),
            "--ttft-ms", str(settings.sim_ttft_ms), "--tpot-ms", str(settings.sim_tpot_ms),
-           "--incremental-streaming-output", "--enable-deterministic-inference"]
+           "--incremental-streaming-output", "--enable-deterministic-inference",
+           "--log-level", settings.log_level, "--log-format", settings.log_format]
     if settings.context_length:
         cmd += ["--context-length", str(settings.context_length)]
     if settings.tokenizer:
@@ -166,12 +301,12 @@ def _wait_for_health(url: str, proc: subprocess.Popen, deadline_s: float) -> Non
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise SystemExit(f"the simulator exited with status {proc.returncode}")
+            raise StartupError(f"the built-in simulator exited with status {proc.returncode} (see its line above)")
         with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
             if resp.status == 200:
                 return
         time.sleep(0.2)
-    raise SystemExit(f"the simulator at {url} did not become healthy in {deadline_s:.0f} s")
+    raise StartupError(f"the simulator at {url} did not become healthy in {deadline_s:.0f} s")
 
 
 def _free_port() -> int:

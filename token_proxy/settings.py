@@ -24,7 +24,8 @@ class Settings:
     tokenizer_threads: int = 2
     # Rendered-prompt LRU entries (GRPO sends each prompt many times).
     prompt_cache_size: int = 4096
-    # Start-up: how long to wait for the backend's /health.
+    # Start-up: the port opens at once (503 until SGLang is known); after this long without SGLang
+    # the wait is logged as a warning rather than info.
     backend_wait_s: float = 120.0
     # Simulator knobs, used only when backend_url is None.
     sim_ttft_ms: float = 0.0
@@ -85,6 +86,11 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
             raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
+        if self.backend_url and not self.backend_url.startswith(("http://", "https://")):
+            raise ValueError(f"backend_url must be an http(s) URL such as http://127.0.0.1:30000, "
+                             f"got {self.backend_url!r}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         if self.backend_metrics_interval_s < 0 or self.backend_metrics_stale_s <= 0:

@@ -38,13 +38,16 @@ def live_tokenizer(sglang_url):
 @pytest.fixture
 def live_proxy(aiohttp_client, monkeypatch, live_tokenizer, sglang_url):
     from token_proxy.proxy.app import create_app
+    from token_proxy.proxy.upstream.connection import wait_until_connected
     from token_proxy.settings import Settings
 
-    monkeypatch.setattr("token_proxy.proxy.upstream.connect.load_tokenizer", lambda path: live_tokenizer)
+    monkeypatch.setattr("token_proxy.proxy.upstream.connection.load_tokenizer", lambda path: live_tokenizer)
 
     async def factory(**overrides):
         settings = Settings(backend_url=sglang_url, backend_wait_s=60.0, **overrides)
-        return await aiohttp_client(create_app(settings))
+        client = await aiohttp_client(create_app(settings))
+        await wait_until_connected(client.app, settings.backend_wait_s)
+        return client
 
     return factory
 

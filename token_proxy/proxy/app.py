@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
@@ -15,11 +14,8 @@ from token_proxy.proxy.ops.metrics import add_observability, observe_requests
 from token_proxy.proxy.ops.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
 from token_proxy.proxy.upstream.client import SGLangClient
-from token_proxy.proxy.upstream.connect import connect_engine
-from token_proxy.proxy.upstream.context import CONTEXT, SETTINGS, ProxyContext
+from token_proxy.proxy.upstream.connection import CONTEXT, SETTINGS, ProxyContext, keep_connected
 from token_proxy.settings import Settings
-
-log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -47,16 +43,12 @@ async def _proxy_context(app: web.Application):
         client = SGLangClient(settings.backend_url, session, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,
                               settings.stream_idle_timeout_s)
-        ctx = app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
-        connecting = asyncio.get_running_loop().create_task(connect_engine(ctx))
-        try:
-            await asyncio.wait_for(asyncio.shield(connecting), settings.backend_wait_s)
-        except asyncio.TimeoutError:
-            log.warning("SGLang at %s is not ready after %.0f s (%s): serving 503 until it is",
-                        settings.backend_url, settings.backend_wait_s, ctx.last_error)
+        app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
+        # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
+        connecting = asyncio.get_running_loop().create_task(keep_connected(app))
         yield
         connecting.cancel()
-        pending = list(ctx.background)
+        pending = list(app[CONTEXT].background)
         if pending:
             await asyncio.wait(pending, timeout=5.0)
     executor.shutdown(wait=False, cancel_futures=True)

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
-from token_proxy.simulator.app import run_simulator
+from token_proxy.proxy.ops.access_log import configure_logging
+from token_proxy.simulator.app import SimulatorStartError, run_simulator
 from token_proxy.simulator.config import SimConfig
+
+log = logging.getLogger("token_proxy.simulator")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
                         help="seconds a weight-update group join or receive waits for its peers")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", default="text", choices=("text", "json"))
     return parser.parse_args(argv)
 
 
@@ -57,13 +64,15 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
     config = config_from_args(args)
-    run_simulator(
-        config,
-        args.host,
-        args.port,
-        ready=lambda port: print(f"SGLang simulator ready on http://{args.host}:{port}", flush=True),
-    )
+    try:
+        run_simulator(config, args.host, args.port,
+                      ready=lambda port: log.info("SGLang simulator ready on http://%s:%d", args.host, port))
+    except SimulatorStartError as exc:
+        log.error("the SGLang simulator cannot start: %s", exc)
+        logging.shutdown()
+        sys.exit(2)
 
 
 if __name__ == "__main__":

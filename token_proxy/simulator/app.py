@@ -19,12 +19,23 @@ from token_proxy.simulator.vocab import load_tokenizer, load_vocab
 from token_proxy.simulator.weight_routes import add_weight_routes
 
 
+class SimulatorStartError(Exception):
+    """The simulator cannot start (its tokenizer does not load, its port is taken): one line."""
+
+
 def create_sim_app(config: SimConfig) -> web.Application:
     app = web.Application(middlewares=[crash_gate, sglang_errors], client_max_size=256 * 1024**2)
+    path = str(config.tokenizer_path)
+    try:
+        vocab, tokenizer = load_vocab(path), load_tokenizer(path)
+    except Exception as exc:  # noqa: BLE001 -- tokenizers raises its own Exception type for a bad file
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise SimulatorStartError(f"cannot load the tokenizer {path!r} (a directory with tokenizer.json): "
+                                  f"{reason}") from None
     app[SIM_STATE] = SimState(
         config=config,
-        vocab=load_vocab(str(config.tokenizer_path)),
-        tokenizer=load_tokenizer(str(config.tokenizer_path)),
+        vocab=vocab,
+        tokenizer=tokenizer,
         weight_version=config.weight_version,
         weights_path=config.model_path,
     )
@@ -83,7 +94,10 @@ def run_simulator(config: SimConfig, host: str = "127.0.0.1", port: int = 30000,
     """Blocking: serve until interrupted. `ready(port)` is called once listening (e.g. to print a line)."""
 
     async def serve() -> None:
-        runner, bound = await start_simulator(config, host, port)
+        try:
+            runner, bound = await start_simulator(config, host, port)
+        except OSError as exc:
+            raise SimulatorStartError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         if ready is not None:
             ready(bound)
         try:

@@ -36,6 +36,7 @@ class SequenceSpec:
     input_error: str | None  # the scheduler's own length check, reported as an abort
     forced_ids: tuple[int, ...] = ()  # a json_schema constraint's output (simulator/constrained.py)
     lora: tuple[str, str] | None = None  # (name, path) of its LoRA adapter (lora.with_adapters)
+    extra_key: str | None = None  # SGLang keys its radix cache by it (cache_salt): no sharing across keys
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,9 @@ def parse_generate(body, config: SimConfig, encode) -> GenerateCall:
     prompts, is_single = _prompts(body, encode)
     n = _parallel_sample_num(raw_params)
     rids = _logical_rids(body.get("rid"), len(prompts), is_single and n == 1)
-    items = [_item(body, i, prompt, rids[i], raw_params, config) for i, prompt in enumerate(prompts)]
+    extra_keys = _extra_keys(body.get("extra_key"), len(prompts))
+    items = [replace(_item(body, i, prompt, rids[i], raw_params, config), extra_key=extra_keys[i])
+             for i, prompt in enumerate(prompts)]
     _check_vocab(prompts, config.model_vocab_size)
     sequences = with_forced_outputs(_expand(items, n), encode)
     return GenerateCall(
@@ -73,6 +76,17 @@ def _prompts(body: dict, encode) -> tuple[list[list[int]], bool]:
         raise BadRequest("Either text, input_ids or input_embeds should be provided.")
     single = isinstance(text, str)
     return [encode(t) for t in ([text] if single else text)], single
+
+
+def _extra_keys(extra_key, batch_size: int) -> list[str | None]:
+    """GenerateReqInput._normalize_extra_key: one string for every prompt, or one per prompt."""
+    if extra_key is None or isinstance(extra_key, str):
+        return [extra_key] * batch_size
+    if isinstance(extra_key, list):
+        if len(extra_key) != batch_size:
+            raise BadRequest("The length of extra_key should be equal to the batch size.")
+        return list(extra_key)
+    raise BadRequest("extra_key should be a list or a string.")
 
 
 def _parallel_sample_num(raw_params) -> int:

@@ -34,6 +34,7 @@ def server_info(sim: SimState, host: str, port: int) -> dict:
         **args,
         "status": "ready",
         "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+        "page_size": 1,
         "max_req_input_len": sim.config.max_req_input_len,
         "startup_time": {"load_weight": 0.0, "kv_cache_allocation": 0.0},
         "internal_states": [

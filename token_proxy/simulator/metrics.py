@@ -87,12 +87,12 @@ def _computed(sim: SimState) -> dict[str, float]:
         "sglang:num_used_tokens": float(used),
         "sglang:token_usage": used / MAX_TOTAL_NUM_TOKENS,
         "sglang:gen_throughput": 0.0,
-        "sglang:cache_hit_rate": 0.0,
+        "sglang:cache_hit_rate": counters.cached_tokens / counters.prompt_tokens if counters.prompt_tokens else 0.0,
         "sglang:max_total_num_tokens": float(MAX_TOTAL_NUM_TOKENS),
         "sglang:prompt_tokens_total": float(counters.prompt_tokens),
         "sglang:generation_tokens_total": float(counters.generation_tokens),
         "sglang:num_requests_total": float(counters.requests),
-        "sglang:cached_tokens_total": 0.0,
+        "sglang:cached_tokens_total": float(counters.cached_tokens),
         "sglang:num_aborted_requests_total": float(counters.aborted),
     }
 

@@ -1,4 +1,7 @@
-"""A radix-cache stand-in: how many leading prompt tokens an earlier request already computed."""
+"""A radix-cache stand-in: how many leading prompt tokens an earlier request already computed.
+
+SGLang keys its radix tree by (extra_key, tokens): requests with different extra keys (cache_salt)
+never share cached tokens, so each key has its own tree here."""
 
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ MAX_CACHED_TOKENS = 2_000_000
 
 class PrefixCache:
     def __init__(self) -> None:
-        self._root: dict = {}
+        self._roots: dict[str | None, dict] = {}
         self._size = 0
 
-    def match(self, token_ids) -> int:
+    def match(self, token_ids, extra_key: str | None = None) -> int:
         """Cached leading tokens, capped at len - 1 as SGLang always recomputes the last one."""
-        node, matched = self._root, 0
+        node, matched = self._roots.get(extra_key, {}), 0
         for token_id in token_ids:
             node = node.get(token_id)
             if node is None:
@@ -22,10 +25,10 @@ class PrefixCache:
             matched += 1
         return max(0, min(matched, len(token_ids) - 1))
 
-    def insert(self, token_ids) -> None:
+    def insert(self, token_ids, extra_key: str | None = None) -> None:
         if self._size > MAX_CACHED_TOKENS:
             self.clear()
-        node = self._root
+        node = self._roots.setdefault(extra_key, {})
         for token_id in token_ids:
             child = node.get(token_id)
             if child is None:
@@ -34,4 +37,4 @@ class PrefixCache:
             node = child
 
     def clear(self) -> None:
-        self._root, self._size = {}, 0
+        self._roots, self._size = {}, 0

@@ -25,6 +25,7 @@ class Counters:
     requests: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (what replies report)
     aborted: int = 0
 
 
@@ -104,13 +105,14 @@ class SimState:
         return sequences
 
     def start(self, sequence: Sequence, warm_prefix: bool) -> None:
-        prompt = sequence.spec.prompt
+        prompt, key = sequence.spec.prompt, sequence.spec.extra_key
         if warm_prefix:  # n > 1: SGLang prefills the shared prompt once before the children
-            self.prefix_cache.insert(prompt)
-        sequence.start(weight_key(self.weight_key, sequence.spec.lora), self.prefix_cache.match(prompt))
+            self.prefix_cache.insert(prompt, key)
+        sequence.start(weight_key(self.weight_key, sequence.spec.lora), self.prefix_cache.match(prompt, key))
         self.active += 1
-        self.prefix_cache.insert(prompt)
+        self.prefix_cache.insert(prompt, key)
         self.counters.prompt_tokens += len(prompt)
+        self.counters.cached_tokens += sequence.cached_tokens
 
     def release(self, sequence: Sequence) -> None:
         """The sequence is done (or its client left): stop tracking it. Idempotent."""
@@ -125,7 +127,7 @@ class SimState:
             self.counters.aborted += 1
         self.counters.generation_tokens += len(sequence.output_ids)
         if sequence.started:
-            self.prefix_cache.insert(sequence.spec.prompt + sequence.output_ids)
+            self.prefix_cache.insert(sequence.spec.prompt + sequence.output_ids, sequence.spec.extra_key)
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
         """TokenizerManager.abort_request: an exact rid (or an n>1 parent) aborts every

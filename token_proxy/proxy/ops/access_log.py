@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import logging
 import logging.handlers
+import os
 import queue
 import sys
 import time
@@ -88,14 +89,21 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line).decode()
 
 
-def configure_logging(level: str, fmt: str = "text") -> logging.handlers.QueueListener:
+# Libraries that print through handlers of their own (transformers adds a stderr handler on import,
+# and its "PyTorch was not found" advisory with it): their records go through the proxy's handlers.
+LIBRARY_LOGGERS = ("transformers",)
+
+
+def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 10.0
+                      ) -> logging.handlers.QueueListener:
     """Root logging for the CLI: every record goes through a queue to a writer thread; access
-    lines are written as they are (already JSON), everything else as text or JSON."""
+    lines are written as they are (already JSON), everything else as text or JSON. Repeated
+    warnings (the same message template) are written once per `repeat_interval_s`, with a count."""
+    # Advice meant for notebook users (e.g. "PyTorch was not found"): the proxy never needs torch.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     console = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        console.setFormatter(JsonFormatter())
-    else:
-        console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    console.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     access = logging.StreamHandler(sys.stderr)
     access.setFormatter(logging.Formatter("%(message)s"))
     access.addFilter(lambda record: record.name == ACCESS_LOGGER)
@@ -103,8 +111,67 @@ def configure_logging(level: str, fmt: str = "text") -> logging.handlers.QueueLi
     records: queue.SimpleQueue = queue.SimpleQueue()
     listener = logging.handlers.QueueListener(records, console, access, respect_handler_level=False)
     root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(records)]
+    queued = logging.handlers.QueueHandler(records)
+    queued.addFilter(RepeatFilter(repeat_interval_s))  # here: the queue flattens message templates
+    root.handlers[:] = [queued]
     root.setLevel(level.upper())
+    for name in LIBRARY_LOGGERS:  # before their import: a logger-level filter sees records first
+        library = logging.getLogger(name)
+        if not any(isinstance(f, _ToRoot) for f in library.filters):
+            library.addFilter(_ToRoot())
+    adopt_library_loggers()
+    logging.captureWarnings(True)  # Python warnings (deprecations) as records on the "py.warnings" logger
     listener.start()
     atexit.register(listener.stop)  # flushes what is still queued
     return listener
+
+
+def adopt_library_loggers() -> None:
+    """Drop the stderr handlers libraries gave themselves (call after importing them), so their
+    records reach the proxy's handlers."""
+    for name in LIBRARY_LOGGERS:
+        library = logging.getLogger(name)
+        library.handlers[:] = []
+        library.propagate = True
+
+
+class _ToRoot(logging.Filter):
+    """A logger-level filter that hands the record to the root's handlers and stops it there: it
+    never reaches a handler the library installed for itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        root = logging.getLogger()
+        if record.levelno >= root.getEffectiveLevel():
+            for handler in root.handlers:
+                handler.handle(record)
+        return False
+
+
+class RepeatFilter(logging.Filter):
+    """Rate-limits repeated WARNING+ records (same logger and message template): the first passes,
+    the rest within `interval_s` are counted, and the next one after it says how many were held back.
+    An outage that fails every request logs a line per interval, not one per request."""
+
+    def __init__(self, interval_s: float = 10.0, clock=time.monotonic):
+        super().__init__()
+        self.interval_s = interval_s
+        self._clock = clock
+        self._seen: dict[tuple, list] = {}  # key -> [last written at, held back since]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or self.interval_s <= 0:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = self._clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval_s:
+            seen[1] += 1
+            return False
+        held = seen[1] if seen is not None else 0
+        if len(self._seen) > 1000:
+            self._seen.clear()
+        self._seen[key] = [now, 0]
+        if held:
+            record.msg = f"{record.getMessage()} [{held} more like this in the last {self.interval_s:g} s]"
+            record.args = None
+        return True

@@ -15,7 +15,16 @@ import time
 from functools import partial
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from token_proxy.errors import ProxyError
@@ -34,6 +43,9 @@ WEIGHT_UPDATE_ROUTES = frozenset({
 })
 # Routes after which SGLang may serve another weight version: the gauge is refreshed from /model_info.
 VERSION_ROUTES = WEIGHT_UPDATE_ROUTES | {"/update_weight_version"}
+# The inference routes whose labelled series start at 0 (rate() and increase() then see the first event).
+INFERENCE_ENDPOINTS = ("/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/completions",
+                       "/inference/v1/generate")
 UNMATCHED = "unmatched"  # 404s and 405s: the raw path would be unbounded label cardinality
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 _BACKEND_ERROR_KINDS = {502: "error", 503: "unavailable", 504: "timeout"}
@@ -93,9 +105,30 @@ class ProxyMetrics:
         self.current_weight_version: str | None = None
         self.backend = BackendMetrics(model_name, stale_after_s)
         self.backend.register(self.registry, PREFIX)
-        ProcessCollector(namespace=PREFIX.rstrip("_"), registry=self.registry)
+        # The standard process_* and python_* names dashboards expect, in this app's own registry.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.weight_update_routes = WEIGHT_UPDATE_ROUTES
         self._children: dict[tuple, object] = {}
+        self.start_at_zero(INFERENCE_ENDPOINTS, WEIGHT_UPDATE_ROUTES)
+
+    def start_at_zero(self, endpoints, weight_routes) -> None:
+        """Create every known label combination of the counters at 0, so the first event is an
+        increase from 0 (a series born at 1 hides it from rate() and increase())."""
+        for endpoint in endpoints:
+            for stream in ("false", "true"):
+                self.requests.labels(endpoint, "200", stream)
+            for counter in (self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.overloaded,
+                            self.disconnects):
+                counter.labels(endpoint)
+            for kind in _BACKEND_ERROR_KINDS.values():
+                self.backend_errors.labels(endpoint, kind)
+        for result in ("hit", "miss"):
+            self.prompt_cache.labels(result)
+        for endpoint in weight_routes:
+            for result in ("success", "failure"):
+                self.weight_updates.labels(endpoint, result)
 
     def child(self, metric, *labels: str):
         """A labelled child, looked up in prometheus-client once per label set, not per request."""
@@ -234,25 +267,29 @@ async def backend_metrics(app: web.Application):
     settings, metrics, ctx = app[SETTINGS], app[METRICS], app[CONTEXT]
 
     def seed(engine) -> None:  # once SGLang is known (start-up may come before it)
-        metrics.backend.model_name = engine.backend.served_model_name
-        if engine.backend.weight_version:
-            metrics.set_weight_version(str(engine.backend.weight_version))
+        backend = engine.backend
+        metrics.backend.model_name = backend.served_model_name
+        if backend.max_total_num_tokens:
+            metrics.backend.set_cache_config(backend.max_total_num_tokens, backend.page_size)
+        if backend.weight_version:
+            metrics.set_weight_version(str(backend.weight_version))
 
     ctx.when_ready(seed)
     interval = settings.backend_metrics_interval_s
     task = None
     if interval > 0:
         timeout = min(5.0, max(interval, settings.backend_metrics_stale_s / 2))
-        task = asyncio.get_running_loop().create_task(_scrape_forever(ctx.client, metrics.backend, interval,
-                                                                      timeout))
+        task = asyncio.get_running_loop().create_task(_scrape_forever(ctx.client, metrics, interval, timeout))
     yield
     if task is not None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def _scrape_forever(client, backend: BackendMetrics, interval: float, timeout: float) -> None:
-    was_up = True
+async def _scrape_forever(client, metrics: ProxyMetrics, interval: float, timeout: float) -> None:
+    """Reads SGLang's /metrics for the vllm: view. When SGLang answers again after failing (it may have
+    restarted, with other weights), the weight version is read again at once."""
+    backend, was_up = metrics.backend, True
     while True:
         try:
             backend.update(await client.metrics_text(timeout))
@@ -266,6 +303,7 @@ async def _scrape_forever(client, backend: BackendMetrics, interval: float, time
             log.exception("unreadable /metrics page from SGLang")
         if backend.up and not was_up:
             log.info("reading SGLang's /metrics again")
+            await refresh_weight_version(client, metrics)
         was_up = backend.up
         await asyncio.sleep(interval)
 

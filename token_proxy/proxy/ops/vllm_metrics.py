@@ -44,6 +44,9 @@ VIEW = (
     Derived("vllm:prefix_cache_hits", "counter", ("sglang:cached_tokens_total",), "sum",
             "Prefix cache hits, in terms of number of cached tokens (SGLang's cached_tokens)."),
 )
+# vllm:num_requests_waiting_by_reason{reason}: SGLang's waiting queue is waiting for capacity; its
+# grammar queue waits for a grammar to compile (vLLM's "deferred": not schedulable yet).
+WAITING_BY_REASON = (("capacity", "sglang:num_queue_reqs"), ("deferred", "sglang:num_grammar_queue_reqs"))
 WANTED = frozenset(source for derived in VIEW for source in derived.sources)
 # Every TP/PP rank of one scheduler reports the same numbers (with
 # --enable-metrics-for-all-schedulers): keep one of them, add up everything else (DP ranks,
@@ -95,6 +98,9 @@ def derive(samples: dict[str, dict[tuple, float]]) -> dict[str, float]:
             values[derived.name] = max(groups) if derived.combine == "max" else sum(groups)
         elif derived.kind == "counter":
             values[derived.name] = 0.0
+    for reason, source in WAITING_BY_REASON:
+        if source in samples:
+            values[f"waiting_by_reason:{reason}"] = sum(samples[source].values())
     return values
 
 
@@ -111,6 +117,13 @@ class BackendMetrics:
         self.up = False  # the last read succeeded
         self.failures: Counter | None = None
         self._prefix = "token_proxy_"
+        self._cache_config: dict[str, str] | None = None
+
+    def set_cache_config(self, max_total_num_tokens: int, page_size: int) -> None:
+        """vLLM's KV capacity labels from SGLang's: blocks of page_size tokens (prime-rl reads
+        num_gpu_blocks x block_size as the KV capacity in tokens)."""
+        self._cache_config = {"block_size": str(page_size), "num_gpu_blocks": str(max_total_num_tokens // page_size),
+                              "enable_prefix_caching": "True", "engine": "0"}
 
     def register(self, registry, prefix: str) -> None:
         self._prefix = prefix
@@ -144,6 +157,12 @@ class BackendMetrics:
         if self._last_ok_unix is not None:
             yield GaugeMetricFamily(prefix + "backend_metrics_last_success_timestamp_seconds", "Unix time "
                                     "of the last good read of SGLang's /metrics", value=self._last_ok_unix)
+        if self._cache_config is not None:  # configuration, not a live value: shown while known
+            info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig "
+                                     "(from SGLang's max_total_num_tokens and page_size)",
+                                     labels=list(self._cache_config))
+            info.add_metric(list(self._cache_config.values()), 1.0)
+            yield info
         if stale:
             return
         labels = ["model_name", "engine"]
@@ -154,4 +173,13 @@ class BackendMetrics:
             cls = CounterMetricFamily if derived.kind == "counter" else GaugeMetricFamily
             family = cls(derived.name, derived.doc, labels=labels)
             family.add_metric([self.model_name, "0"], value)
+            yield family
+        reasons = [(reason, self._values[f"waiting_by_reason:{reason}"]) for reason, _ in WAITING_BY_REASON
+                   if f"waiting_by_reason:{reason}" in self._values]
+        if reasons:
+            family = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by "
+                                       "reason (capacity: SGLang's queue; deferred: its grammar queue)",
+                                       labels=[*labels, "reason"])
+            for reason, value in reasons:
+                family.add_metric([self.model_name, "0", reason], value)
             yield family

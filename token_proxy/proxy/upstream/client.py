@@ -95,13 +95,21 @@ class SGLangClient:
             raise BackendTimeout(f"SGLang did not answer GET {path} in time") from exc
 
     async def healthy(self, timeout_s: float = 5.0) -> bool:
+        return await self.health_problem(timeout_s) is None
+
+    async def health_problem(self, timeout_s: float = 5.0) -> str | None:
+        """None when SGLang's /health answers 200; else what happened, in a few words."""
         try:
             async with self._session.get(f"{self.base_url}/health",
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 await resp.read()
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            return False
+                return None if resp.status == 200 else f"HTTP status {resp.status}"
+        except asyncio.TimeoutError:  # first: aiohttp's timeouts are ClientErrors too
+            return f"timeout (no answer within {timeout_s:g} s)"
+        except aiohttp.ClientConnectorError as exc:
+            return _connect_failure(exc)
+        except aiohttp.ClientError as exc:
+            return f"{type(exc).__name__}: {exc}"
 
     async def metrics_text(self, timeout_s: float) -> str:
         """SGLang's Prometheus page (served only with --enable-metrics: a 404 without it)."""
@@ -214,6 +222,14 @@ def _event_data(event: bytes) -> bytes | None:
         return event[6:]
     lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
+    if isinstance(exc.os_error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return f"cannot resolve the host ({exc.os_error})"
+    return f"cannot connect ({exc.os_error or exc})"
 
 
 def _loads(body: bytes):
