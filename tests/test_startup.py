@@ -129,8 +129,6 @@ def test_a_tokenizer_that_fails_to_load_ends_start_up_naming_its_path(tmp_path):
         sim.wait(10)
 
 
-@pytest.mark.xfail(strict=True, reason="proxy/routes.py health() must answer 503 while ctx.not_ready_reason "
-                   "is set (SGLang healthy, tokenizer not loaded): a change for the request-path owner")
 async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_client, monkeypatch, tokenizer_dir):
     """SGLang answers /health 200, but the proxy cannot serve yet (its tokenizer is still loading)."""
     from token_proxy.proxy.app import create_app

@@ -41,11 +41,16 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """Healthy only while SGLang is: orchestrators route around a proxy whose engine is gone."""
+    """Healthy only while the data path can serve: connected (tokenizer loaded) and SGLang healthy.
+    Orchestrators route around a proxy whose engine is gone; the 503 body says why."""
     ctx = request.app[CONTEXT]
-    if await ctx.client.healthy(timeout_s=5.0):
+    reason = ctx.not_ready_reason
+    if reason is None:
+        problem = await ctx.client.health_problem(timeout_s=5.0)
+        reason = problem and f"SGLang at {ctx.client.base_url} is not healthy: {problem}"
+    if reason is None:
         return web.Response(status=200)
-    return json_response(BackendUnavailable(f"SGLang at {ctx.client.base_url} is not healthy").body(), status=503)
+    return json_response(BackendUnavailable(reason).body(), status=503)
 
 
 @dataclass(frozen=True, slots=True)
