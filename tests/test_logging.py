@@ -16,7 +16,7 @@ from token_proxy.simulator import SIM_STATE
 CHAT = "/v1/chat/completions"
 FIELDS = {"ts", "request_id", "method", "endpoint", "path", "status", "stream", "prompt_tokens",
           "completion_tokens", "cached_tokens", "latency_s", "ttft_s", "backend_rid", "weight_version",
-          "prompt_cache_hit", "client_disconnected"}
+          "adapter", "prompt_cache_hit", "client_disconnected"}
 
 
 def access_lines(caplog) -> list[dict]:

@@ -4,7 +4,6 @@ reload under load, re-load after a worker restart, and prime-rl's own loader run
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from pathlib import Path
 
@@ -15,7 +14,6 @@ from lora_fixtures import greedy, write_adapter
 from tenacity import retry, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
 from token_proxy.errors import InvalidRequest, NotFound
-from token_proxy.proxy.admin import lora_routes
 from token_proxy.proxy.admin.lora import LORA, is_lost_adapter_error, retry_if_lost
 from token_proxy.proxy.admin.lora_registry import ADAPTERS, Adapter, AdapterRegistry
 from token_proxy.proxy.admin.lora_routes import adapter_cards
@@ -231,11 +229,10 @@ async def test_in_place_reload_under_concurrent_load_fails_no_request(make_sim, 
 
 async def test_a_restarted_worker_gets_its_adapters_back(make_proxy, aiohttp_client, tokenizer_dir, tmp_path,
                                                         monkeypatch):
-    monkeypatch.setattr(lora_routes, "SYNC_INTERVAL_S", 0.05)
     config, port = SimConfig(tokenizer_path=str(tokenizer_dir)), free_port()
     runner, _ = await start_simulator(config, port=port)
     url = f"http://127.0.0.1:{port}"
-    proxy = await make_proxy(url)
+    proxy = await make_proxy(url, lora_sync_interval_s=0.05)
     path = str(write_adapter(tmp_path))
     assert (await proxy.post("/load_lora_adapter", json={"lora_name": "policy", "lora_path": path})).status == 200
     async with httpx.AsyncClient(base_url=url) as client:
@@ -257,10 +254,9 @@ async def test_a_restarted_worker_gets_its_adapters_back(make_proxy, aiohttp_cli
 
 async def test_a_request_refused_for_a_lost_adapter_is_retried_after_a_reload(make_proxy, tokenizer_dir, tmp_path,
                                                                              monkeypatch):
-    monkeypatch.setattr(lora_routes, "SYNC_INTERVAL_S", 3600.0)  # no background pass: the retry does it
     config, port = SimConfig(tokenizer_path=str(tokenizer_dir)), free_port()
     runner, _ = await start_simulator(config, port=port)
-    proxy = await make_proxy(f"http://127.0.0.1:{port}")
+    proxy = await make_proxy(f"http://127.0.0.1:{port}", lora_sync_interval_s=0)  # no pass: the retry does it
     await proxy.post("/load_lora_adapter", json={"lora_name": "policy", "lora_path": str(write_adapter(tmp_path))})
     await runner.cleanup()
     runner, _ = await start_simulator(config, port=port)
@@ -285,20 +281,23 @@ async def test_metrics_list_adapters_with_their_version(proxy, tmp_path):
     assert 'token_proxy_lora_adapter_requests_in_flight{adapter="policy",version="1"} 0.0' in text
 
 
-async def test_lora_modules_load_once_sglang_is_up(sim, aiohttp_client, shared_tokenizer, tokenizer_dir, tmp_path):
-    from token_proxy.proxy.app import create_app
-    from token_proxy.settings import Settings
-
-    @dataclasses.dataclass(frozen=True)
-    class WithModules(Settings):
-        lora_modules: tuple[tuple[str, str], ...] = ()
-
+async def test_lora_modules_load_once_sglang_is_up(sim, make_proxy, tmp_path):
     path = str(write_adapter(tmp_path))
-    settings = WithModules(backend_url=str(sim.make_url("")).rstrip("/"), tokenizer=str(tokenizer_dir),
-                           backend_wait_s=5.0, lora_modules=(("sql", path),))
-    proxy = await aiohttp_client(create_app(settings))
+    proxy = await make_proxy(sim, lora_modules=(("sql", path),))
     await until(lambda: proxy.app[ADAPTERS].get("sql") is not None)
     assert sim_adapters(sim) == {"sql@v1": path}
+
+
+def test_lora_modules_flag_takes_vllms_forms():
+    from token_proxy.cli import parse_settings
+
+    settings = parse_settings(["--lora-modules", "a=/w/a", '{"name": "b", "path": "/w/b"}', "--lora-modules", "c=/w/c"],
+                              environ={})
+    assert settings.lora_modules == (("a", "/w/a"), ("b", "/w/b"), ("c", "/w/c"))
+    assert parse_settings([], environ={"TOKEN_PROXY_LORA_MODULES": "a=/w/a,b=/w/b"}).lora_modules == (
+        ("a", "/w/a"), ("b", "/w/b"))
+    with pytest.raises(SystemExit):
+        parse_settings(["--lora-modules", "no-path"], environ={})
 
 
 # --- prime-rl, unmodified -----------------------------------------------------------------------------------

@@ -5,14 +5,17 @@ never pulls the adapter from under a running request; prime-rl's loader, then ro
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import httpx
+import orjson
 import pytest
 from admin_fixtures import proxy_url, until
 from lora_fixtures import write_adapter
 from openai import AsyncOpenAI
 from test_lora import load_lora_adapter, sim_adapters, unload_lora_adapter
 
+from token_proxy.proxy.ops.access_log import ACCESS_LOGGER
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.testing import stream_events
 
@@ -81,6 +84,15 @@ async def test_models_list_adapters_and_unknown_names_are_vllms_404(proxy, tmp_p
     assert (await proxy.post("/v1/unload_lora_adapter", json={"lora_name": "policy"})).status == 200
     gone = await proxy.post("/v1/completions", json={"model": "policy", "prompt": "x", "max_tokens": 2})
     assert gone.status == 404 and (await gone.json())["error"]["param"] == "model"
+
+
+async def test_the_access_log_names_the_adapter(proxy, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    await load(proxy, "policy", write_adapter(tmp_path, "step_1"))
+    await completion_ids(proxy, "chat", "policy")
+    await completion_ids(proxy, "chat", None)
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == ACCESS_LOGGER]
+    assert [line["adapter"] for line in lines if line["endpoint"] == "/v1/chat/completions"] == ["policy", None]
 
 
 async def test_base_and_two_adapters_in_flight_together(proxy, sim, tmp_path):

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import os
 import signal
@@ -42,6 +43,21 @@ def flag_bool(value: str | bool) -> bool:
     if value.lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
+def lora_module(value: str) -> tuple[str, str]:
+    """vLLM's --lora-modules item: `name=path`, or JSON `{"name": ..., "path": ...}`."""
+    value = value.strip()
+    if value.startswith("{"):
+        try:
+            spec = json.loads(value)
+            return str(spec["name"]), str(spec["path"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"expected {{\"name\": ..., \"path\": ...}}, got {value!r}") from exc
+    name, sep, path = value.partition("=")
+    if not (sep and name and path):
+        raise argparse.ArgumentTypeError(f"expected name=path, got {value!r}")
+    return name, path
 
 
 # (group, [(flag, Settings field, type, help)]): the order --help and the README show.
@@ -92,6 +108,10 @@ FLAG_GROUPS = (
          "but do not exist here")),
         ("--weight-dir", "weight_dirs", url_list, ("repeatable: weight and LoRA paths must lie under one of "
          "these directories")),
+        ("--lora-modules", "lora_modules", lora_module, ("LoRA adapters to load once SGLang is up: name=path "
+         "... (or vLLM's JSON form); env: a comma list")),
+        ("--lora-sync-interval", "lora_sync_interval_s", float, ("seconds between checks that every worker "
+         "still holds the proxy's adapters (re-loaded if not; 0: off)")),
     )),
     ("logging and metrics", (
         ("--log-level", "log_level", str, "debug, info, warning or error"),
@@ -120,9 +140,9 @@ def env_name(flag: str) -> str:
 UNSET_MEANS = {
     "tokenizer": "SGLang's tokenizer_path", "served_model_name": "SGLang's", "context_length": "SGLang's",
     "backend_url": "the built-in simulator", "workers": "the backend, or the router's workers",
-    "weight_dirs": "anywhere", "api_key": "none", "admin_key": "none",
+    "weight_dirs": "anywhere", "lora_modules": "none", "api_key": "none", "admin_key": "none",
 }
-_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL"}
+_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH"}
 
 
 def _shown_default(field: str, value) -> str:
@@ -142,7 +162,9 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
             env = env_name(flag)
             shown = _shown_default(field, getattr(defaults, field))
             default = environ.get(env, getattr(defaults, field))
-            repeat = {"action": "append", "default": None} if kind is url_list else {"default": default}
+            repeat = {"action": "append", "default": None} if kind in (url_list, lora_module) else {"default": default}
+            if kind is lora_module:
+                repeat["nargs"] = "+"
             metavar = "MS" if field.endswith("_ms") else _METAVARS.get(kind, flag[2:].upper().replace("-", "_"))
             if field == "weight_dirs":
                 metavar = "DIR"
@@ -161,6 +183,13 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
             given = values[field]
             values[field] = tuple(u for urls in given for u in urls) if given else url_list(
                 environ.get(env_name(flag), ""))
+        elif kind is lora_module:  # --lora-modules a=x b=y [--lora-modules c=z], else the env's comma list
+            given = values[field]
+            try:
+                values[field] = tuple(m for mods in given for m in mods) if given else tuple(
+                    lora_module(item) for item in environ.get(env_name(flag), "").split(",") if item.strip())
+            except argparse.ArgumentTypeError as exc:
+                parser.error(f"{env_name(flag)}: {exc}")
         elif isinstance(values[field], str) and kind is not str:
             try:
                 values[field] = kind(values[field])

@@ -58,6 +58,10 @@ class Settings:
     # Weight and LoRA paths must lie under one of these directories (empty: anywhere); `..` and
     # symlinks leading out are refused.
     weight_dirs: tuple[str, ...] = ()
+    # LoRA adapters (name, path) loaded once SGLang is up (vLLM's --lora-modules), and how often the proxy
+    # checks that every worker still holds its adapters, re-loading them on one that restarted (0: never).
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    lora_sync_interval_s: float = 5.0
     # Overload: inference requests in flight, and waiting for a slot; past both, 503 + Retry-After.
     max_concurrent_requests: int = 4096
     max_queued_requests: int = 8192

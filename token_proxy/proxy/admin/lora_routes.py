@@ -21,8 +21,6 @@ from token_proxy.proxy.ops.lora_metrics import AdapterCollector
 from token_proxy.proxy.ops.metrics import METRICS
 from token_proxy.proxy.upstream.context import CONTEXT
 
-SYNC_INTERVAL_S = 5.0  # default of the lora_sync_interval_s setting (see the report: settings to add)
-
 
 async def _load_request(request: web.Request) -> tuple[str, str, dict]:
     body = await read_json(request)
@@ -102,7 +100,7 @@ async def _lora_admin(app: web.Application):
     registry.on_idle = admin.retire_later
     if METRICS in app:
         app[METRICS].registry.register(AdapterCollector(registry))
-    modules = tuple(getattr(ctx.settings, "lora_modules", ()))
+    modules = ctx.settings.lora_modules
 
     def learn(engine) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up
         registry.base_names = {engine.backend.served_model_name}
@@ -110,7 +108,7 @@ async def _lora_admin(app: web.Application):
             ctx.spawn(admin.load_modules(modules))
 
     ctx.when_ready(learn)
-    interval = getattr(ctx.settings, "lora_sync_interval_s", SYNC_INTERVAL_S)
+    interval = ctx.settings.lora_sync_interval_s
     sync = asyncio.get_running_loop().create_task(admin.sync_forever(interval)) if interval > 0 else None
     yield
     if sync is not None:

@@ -66,6 +66,7 @@ def log_request(request: web.Request, endpoint: str, status: int, stats: Request
         "ttft_s": _ttft(stats),
         "backend_rid": stats.backend_rid,
         "weight_version": stats.weight_version,
+        "adapter": stats.adapter,
         "prompt_cache_hit": stats.prompt_cache_hit,
         "client_disconnected": stats.client_disconnected,
     }
