@@ -20,6 +20,7 @@ import urllib.request
 
 from token_proxy.proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
+from token_proxy.tools import REASONING_PARSERS, TOOL_PARSERS
 
 log = logging.getLogger("token_proxy")
 
@@ -82,6 +83,15 @@ _FLAGS = (
     ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool,
      "send `seed` even when SGLang runs without --enable-deterministic-inference (it is then ignored)"),
     ("--admin-open", "admin_open", flag_bool, "without an admin key, let non-loopback clients use admin routes"),
+    ("--tool-call-parser", "tool_call_parser", str,
+     "vLLM's tool-call parser name (" + ", ".join(sorted(TOOL_PARSERS)) + "); default: the one the chat "
+     "template names, if unambiguous"),
+    ("--enable-auto-tool-choice", "enable_auto_tool_choice", flag_bool,
+     "accept tool_choice \"auto\" (and tools without tool_choice) and parse the model's tool calls, as vLLM"),
+    ("--reasoning-parser", "reasoning_parser", str,
+     "split thinking into `reasoning` (" + ", ".join(sorted(REASONING_PARSERS)) + ")"),
+    ("--exclude-tools-when-tool-choice-none", "exclude_tools_when_tool_choice_none", flag_bool,
+     "tool_choice \"none\" renders no tools into the prompt (vLLM's default renders them)"),
 )
 
 
@@ -94,6 +104,8 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
         env = "TOKEN_PROXY_" + flag[2:].upper().replace("-", "_")
         default = environ.get(env, getattr(defaults, field))
         repeat = {"action": "append", "default": None} if kind is url_list else {"default": default}
+        if kind is flag_bool:  # a bare `--enable-auto-tool-choice` (vLLM's spelling) means true
+            repeat.update(nargs="?", const=True)
         parser.add_argument(flag, dest=field, type=kind, **repeat,
                             help=f"{help_text} [env {env}; default {getattr(defaults, field)}]")
     args = parser.parse_args(argv)

@@ -73,6 +73,14 @@ class Settings:
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
     admin_open: bool = False
+    # Tool calls and reasoning on the chat path (vLLM 0.33's flags). tool_call_parser: a TOOL_PARSERS
+    # name; None: the one the chat template names unambiguously, if any (logged at start-up).
+    # enable_auto_tool_choice: accept tool_choice "auto" (and tools without tool_choice) and parse calls.
+    # exclude_tools_when_tool_choice_none: tool_choice "none" renders no tools (vLLM renders them).
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -93,3 +101,12 @@ class Settings:
             raise ValueError(f"pause_mode must be retract, in_place or abort, got {self.pause_mode!r}")
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
             raise ValueError("admin timeouts must be positive")
+        _check_tool_flags(self)
+
+
+def _check_tool_flags(settings: Settings) -> None:
+    """Parser names must be known (a one-line ValueError naming the flag). --enable-auto-tool-choice
+    without --tool-call-parser is checked once the chat template is known (it may name the parser)."""
+    from token_proxy.tools import check_flags
+
+    check_flags(settings.tool_call_parser, False, settings.reasoning_parser)

@@ -55,7 +55,7 @@ def parse_generate(body, config: SimConfig, encode) -> GenerateCall:
     rids = _logical_rids(body.get("rid"), len(prompts), is_single and n == 1)
     items = [_item(body, i, prompt, rids[i], raw_params, config) for i, prompt in enumerate(prompts)]
     _check_vocab(prompts, config.model_vocab_size)
-    sequences = with_forced_outputs(_expand(items, n), encode)
+    sequences = with_forced_outputs(_expand(items, n), encode, config.scripted_output)
     return GenerateCall(
         sequences=sequences, stream=bool(body.get("stream")), is_batch=not (is_single and n == 1)
     )

@@ -11,17 +11,19 @@ from token_proxy.proxy.http_io import read_json
 from token_proxy.proxy.pipeline import Job, run_pipeline
 from token_proxy.proxy.request_stats import RequestStats
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
-from token_proxy.schemas.chat_format import PLAIN_TEXT, ChatFormatter, ChatOutputParser
-from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
+from token_proxy.schemas.chat_format import PLAIN_TEXT, ChatFormatter, ChatOutputParser, ToolsAndReasoning
+from token_proxy.schemas.chat_request import ChatRequest, ToolFlags, parse_chat_request
 from token_proxy.schemas.fields import token_id_list
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.output_rules import ResponseMeta
+from token_proxy.schemas.sglang_payload import with_sampling_overrides
+from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sampling_overrides
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
-    req = parse_chat_request(await read_json(request), ctx.tokenizer_info.vocab_size)
-    return await run_pipeline(request, ChatEndpoint(req))
+    req = parse_chat_request(await read_json(request), ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
 
 
 async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
@@ -30,23 +32,46 @@ async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
     tokens = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size)
-    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size)
-    return await run_pipeline(request, ChatEndpoint(dataclasses.replace(req, prompt_ids=tuple(tokens))))
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    req = dataclasses.replace(req, prompt_ids=tuple(tokens))
+    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
 
 
-def output_parser(req: ChatRequest) -> ChatOutputParser:
-    """The output-parser hook: tool calls (req.prompt.tools) and reasoning parsers plug in here."""
-    return PLAIN_TEXT
+def tool_flags(ctx: ProxyContext) -> ToolFlags:
+    settings = ctx.settings
+    return ToolFlags(ctx.tool_parser, settings.enable_auto_tool_choice, settings.exclude_tools_when_tool_choice_none)
+
+
+def output_parsing_of(ctx: ProxyContext, req: ChatRequest) -> OutputParsing:
+    """How this request's completions are split into content, reasoning and tool calls (vLLM 0.33's rules)."""
+    return output_parsing(req.tools, req.tool_choice, tool_parser=ctx.tool_parser,
+                          auto_tool_choice=ctx.settings.enable_auto_tool_choice,
+                          reasoning_parser=ctx.settings.reasoning_parser,
+                          chat_template_kwargs=req.prompt.chat_template_kwargs,
+                          parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning)
+
+
+def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:
+    """The output-parser hook: plain text (no work per chunk) unless tools or reasoning are parsed."""
+    if parsing.tool_format is None and parsing.reasoning is None and not parsing.hides_token_metadata:
+        return PLAIN_TEXT
+    return ToolsAndReasoning(parsing, req.tool_choice)
 
 
 @dataclass(slots=True)
 class ChatEndpoint:
     req: ChatRequest
+    parsing: OutputParsing = dataclasses.field(default_factory=OutputParsing)
     job: Job = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         req = self.req
-        self.job = Job("chatcmpl", req.model, req.sampling, req.output.stream, req.request_id, req.cache_salt,
+        # A forced call ("required", a named function) is a json_schema constraint; tool markers that
+        # are special tokens must stay in the text (skip_special_tokens false), as vLLM's parsers ask.
+        overrides = {**(constraint_for(req.tools, req.tool_choice, req.parallel_tool_calls) or {}),
+                     **sampling_overrides(self.parsing)}
+        sampling = with_sampling_overrides(req.sampling, overrides)
+        self.job = Job("chatcmpl", req.model, sampling, req.output.stream, req.request_id, req.cache_salt,
                        req.priority)
 
     async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
@@ -61,4 +86,4 @@ class ChatEndpoint:
 
     async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
         namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
-        return ChatFormatter(self.req, meta, namer, output_parser(self.req))
+        return ChatFormatter(self.req, meta, namer, output_parser(self.req, self.parsing))

@@ -34,6 +34,7 @@ class Engine:
     tokenizer_info: TokenizerInfo
     renderer: PromptRenderer
     token_texts: TokenTexts
+    tool_parser: str | None = None  # --tool-call-parser, else the one the chat template names (tools)
 
 
 @dataclass(slots=True)
@@ -87,6 +88,10 @@ class ProxyContext:
     @property
     def token_texts(self) -> TokenTexts:
         return self._ready().token_texts
+
+    @property
+    def tool_parser(self) -> str | None:
+        return self._ready().tool_parser
 
     @property
     def max_model_len(self) -> int:
