@@ -92,6 +92,9 @@ _FLAGS = (
      "split thinking into `reasoning` (" + ", ".join(sorted(REASONING_PARSERS)) + ")"),
     ("--exclude-tools-when-tool-choice-none", "exclude_tools_when_tool_choice_none", flag_bool,
      "tool_choice \"none\" renders no tools into the prompt (vLLM's default renders them)"),
+    ("--session-ttl", "session_ttl_s", float, "idle seconds before a chat session (X-Session-ID) is dropped"),
+    ("--session-max-bytes", "session_max_bytes", int, "bytes all chat sessions may hold (0: sessions off)"),
+    ("--session-max-count", "session_max_count", int, "chat sessions kept (least recently used dropped)"),
 )
 
 

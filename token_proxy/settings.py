@@ -81,6 +81,11 @@ class Settings:
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
+    # Session continuity (X-Session-ID / session_id): idle seconds before a session is dropped, the
+    # bytes all sessions may hold (0: sessions off, keys ignored) and how many are kept (LRU).
+    session_ttl_s: float = 600.0
+    session_max_bytes: int = 256 << 20
+    session_max_count: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -102,6 +107,8 @@ class Settings:
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
             raise ValueError("admin timeouts must be positive")
         _check_tool_flags(self)
+        if self.session_ttl_s <= 0 or self.session_max_bytes < 0 or self.session_max_count < 1:
+            raise ValueError("--session-ttl must be > 0, --session-max-bytes >= 0 and --session-max-count >= 1")
 
 
 def _check_tool_flags(settings: Settings) -> None:

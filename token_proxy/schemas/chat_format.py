@@ -100,8 +100,9 @@ def assistant_message(fields: dict) -> dict:
 
 class ChatFormatter:
     def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer,
-                 parser: ChatOutputParser = PLAIN_TEXT):
+                 parser: ChatOutputParser = PLAIN_TEXT, session: dict | None = None):
         self._req = req
+        self._session = session  # `session_continuity`, on session requests only
         self._meta = meta
         self._namer = namer
         self._parser = parser
@@ -119,7 +120,7 @@ class ChatFormatter:
     def response(self, outputs: list[Output], usage: Usage) -> dict:
         meta = self._meta
         first = outputs[0] if outputs else None
-        return {
+        body = {
             "id": meta.response_id,
             "object": "chat.completion",
             "created": meta.created,
@@ -135,6 +136,9 @@ class ChatFormatter:
             "ec_transfer_params": None,
             "metrics": None,
         }
+        if self._session is not None:
+            body["session_continuity"] = self._session
+        return body
 
     def _choice(self, out: Output) -> dict:
         fields = self._parser.message(out.text)
@@ -176,6 +180,8 @@ class ChatFormatter:
             chunk = self._chunk(choice, completion_tokens=0)
             chunk["prompt_token_ids"] = self._prompt_ids if self._returns_prompt_ids else None
             chunk["prompt_text"] = None
+            if self._session is not None:
+                chunk["session_continuity"] = self._session
             chunks.append(chunk)
         return chunks
 

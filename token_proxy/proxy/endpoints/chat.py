@@ -10,6 +10,7 @@ from aiohttp import web
 from token_proxy.proxy.http_io import read_json
 from token_proxy.proxy.pipeline import Job, run_pipeline
 from token_proxy.proxy.request_stats import RequestStats
+from token_proxy.proxy.sessions import ChatSession
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
 from token_proxy.schemas.chat_format import PLAIN_TEXT, ChatFormatter, ChatOutputParser, ToolsAndReasoning
 from token_proxy.schemas.chat_request import ChatRequest, ToolFlags, parse_chat_request
@@ -22,8 +23,9 @@ from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sam
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
-    req = parse_chat_request(await read_json(request), ctx.tokenizer_info.vocab_size, tool_flags(ctx))
-    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
+    body = await read_json(request)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req), ChatSession.of(request, body)))
 
 
 async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
@@ -62,6 +64,7 @@ def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:
 class ChatEndpoint:
     req: ChatRequest
     parsing: OutputParsing = dataclasses.field(default_factory=OutputParsing)
+    session: ChatSession | None = None  # a session request (X-Session-ID / session_id, sessions on)
     job: Job = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -76,14 +79,21 @@ class ChatEndpoint:
 
     async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
         req = self.req
+        if self.session is not None and req.prompt_ids is None and req.truncate_prompt_tokens is None:
+            return [await self.session.prompt_ids(ctx, req.prompt, stats)]
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
         else:
             ids, stats.prompt_cache_hit, stats.render_s = await ctx.renderer.render_chat(req.prompt)
         if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
             ids = ids[-req.truncate_prompt_tokens:]
+        if self.session is not None:
+            self.session.unsupported(len(ids))
         return [ids]
 
     async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
         namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
-        return ChatFormatter(self.req, meta, namer, output_parser(self.req, self.parsing))
+        session = self.session
+        formatter = ChatFormatter(self.req, meta, namer, output_parser(self.req, self.parsing),
+                                  session.field() if session is not None else None)
+        return session.recorder(formatter, self.req.sampling.n) if session is not None else formatter

@@ -198,7 +198,7 @@ class _Schemas:
                 **{k: _nullable(v) for k, v in fields.items()}}
 
     def chat_tools(self) -> dict:
-        """parse_chat_request's tool fields (chat only; /tokenize renders tools but ignores these)."""
+        """Chat-only fields: tools' use (/tokenize renders tools but ignores these) and the session key."""
         named = {"type": "object", "required": ["function"], "properties": {
             "type": {"enum": ["function"]},
             "function": {"type": "object", "required": ["name"], "properties": {"name": STR}}}}
@@ -207,7 +207,9 @@ class _Schemas:
                            "\"auto\" (the default with tools; needs --enable-auto-tool-choice and a tool-call "
                            "parser), \"required\" or a named function (forced by a json_schema constraint)",
             "anyOf": [{"enum": ["none", "auto", "required"]}, named]}
-        fields = {"tool_choice": tool_choice, "parallel_tool_calls": BOOL, "include_reasoning": BOOL}
+        fields = {"tool_choice": tool_choice, "parallel_tool_calls": BOOL, "include_reasoning": BOOL,
+                  "session_id": {"type": "string", "maxLength": 256,
+                                 "description": "session continuity key (or the X-Session-ID header)"}}
         return {k: _nullable(v) for k, v in fields.items()}
 
     def request_fields(self) -> dict:
