@@ -80,8 +80,6 @@ _FLAGS = (
     ("--shutdown-timeout", "shutdown_timeout_s", float, "seconds in-flight requests get after SIGTERM"),
     ("--api-key", "api_key", str, "require Authorization: Bearer KEY on inference routes (prefer the env var)"),
     ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
-    ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool,
-     "send `seed` even when SGLang runs without --enable-deterministic-inference (it is then ignored)"),
     ("--admin-open", "admin_open", flag_bool, "without an admin key, let non-loopback clients use admin routes"),
     ("--tool-call-parser", "tool_call_parser", str,
      "vLLM's tool-call parser name (" + ", ".join(sorted(TOOL_PARSERS)) + "); default: the one the chat "
@@ -95,6 +93,13 @@ _FLAGS = (
     ("--session-ttl", "session_ttl_s", float, "idle seconds before a chat session (X-Session-ID) is dropped"),
     ("--session-max-bytes", "session_max_bytes", int, "bytes all chat sessions may hold (0: sessions off)"),
     ("--session-max-count", "session_max_count", int, "chat sessions kept (least recently used dropped)"),
+    ("--require-honoured-seed", "require_honoured_seed", flag_bool,
+     ("refuse `seed` (400) when SGLang runs without --enable-deterministic-inference and would ignore it; "
+      "default: send it and report it unhonoured (X-Seed-Honoured: false)")),
+)
+# Deprecated flags: (flag, Settings field it sets, how its value maps onto that field).
+_DEPRECATED = (
+    ("--allow-unhonoured-seed", "require_honoured_seed", lambda allow: not allow),
 )
 
 
@@ -111,8 +116,12 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
             repeat.update(nargs="?", const=True)
         parser.add_argument(flag, dest=field, type=kind, **repeat,
                             help=f"{help_text} [env {env}; default {getattr(defaults, field)}]")
+    for flag, _, _ in _DEPRECATED:
+        parser.add_argument(flag, dest="deprecated_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
+                            const=True, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
+    _apply_deprecated(args, values, environ)
     for flag, field, kind, _ in _FLAGS:  # environment values arrive as strings
         if kind is url_list:  # repeatable: the flags given, else the environment's comma list
             given = values[field]
@@ -124,6 +133,17 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
         return Settings(**values)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
+    for flag, field, convert in _DEPRECATED:
+        given = getattr(args, "deprecated_" + flag[2:].replace("-", "_"))
+        env = environ.get("TOKEN_PROXY_" + flag[2:].upper().replace("-", "_"))
+        if given is None and env is not None:
+            given = flag_bool(env)
+        if given is not None:
+            values[field] = convert(given)
+            log.warning("%s is deprecated; it sets %s", flag, field)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,9 +30,6 @@ class Settings:
     sim_ttft_ms: float = 0.0
     sim_tpot_ms: float = 0.0
     log_level: str = "info"
-    # SGLang ignores `seed` unless started with --enable-deterministic-inference; then a seeded
-    # request is refused (400), unless this lets it through knowing the seed has no effect.
-    allow_unhonoured_seed: bool = False
     # "text" or "json" for the proxy's own log lines; the per-request access line is always JSON.
     log_format: str = "text"
     # How often SGLang's /metrics is read for the vllm: view (0: never), and after how long
@@ -86,6 +83,10 @@ class Settings:
     session_ttl_s: float = 600.0
     session_max_bytes: int = 256 << 20
     session_max_count: int = 10_000
+    # SGLang ignores `seed` unless started with --enable-deterministic-inference. By default such a
+    # seed is still sent and the response says it was not honoured (X-Seed-Honoured: false, a
+    # counter, a rate-limited warning); this refuses it instead (400 naming `seed`).
+    require_honoured_seed: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
