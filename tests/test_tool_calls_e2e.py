@@ -321,3 +321,30 @@ async def test_several_calls_in_one_turn_and_parallel_tool_calls_false(make_sim,
     single = await whole(client, parallel_tool_calls=False, **kwargs)
     assert [(n, json.loads(a)) for n, a, _, _ in single["calls"]] == expected[:1]
     await client.close()
+
+
+async def test_forced_calls_with_a_reasoning_parser(make_sim, make_proxy):
+    """The json_schema grammar constrains the output from its first token, so a forced call has no
+    thinking before it: the whole output is the call, not (unterminated) reasoning."""
+    _, proxy = await tool_proxy(make_sim, make_proxy, "hermes", reasoning_parser="qwen3")
+    client = client_for(proxy)
+    kwargs = {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS, "max_tokens": 200,
+              "tool_choice": "required"}
+    reply, stream = await whole(client, **kwargs), await streamed(client, **kwargs)
+    assert reply["calls"] and same_calls(reply, stream)
+    assert reply["reasoning"] is None and stream["reasoning"] is None
+    assert reply["finish_reason"] == stream["finish_reason"] == "tool_calls"
+    await client.close()
+
+
+def test_parser_flags_are_checked_at_start_up(capsys):
+    from token_proxy.cli import parse_settings
+
+    with pytest.raises(SystemExit):
+        parse_settings(["--tool-call-parser", "nope"])
+    assert "--tool-call-parser 'nope' is not one of deepseek_v3, hermes," in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_settings(["--reasoning-parser", "r2"])
+    assert "--reasoning-parser 'r2' is not one of" in capsys.readouterr().err
+    settings = parse_settings(["--enable-auto-tool-choice", "--tool-call-parser", "mistral"])  # vLLM's spelling
+    assert (settings.enable_auto_tool_choice, settings.tool_call_parser) == (True, "mistral")
