@@ -16,7 +16,7 @@ from typing import Protocol
 from token_proxy.schemas.chat_request import ChatRequest
 from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
 from token_proxy.schemas.output_rules import Output, ResponseMeta, Usage
-from token_proxy.tools import OutputParsing, ParsedOutput, StreamParser, merge_deltas
+from token_proxy.tools import OutputParsing, StreamParser, merge_deltas
 from token_proxy.tools import finish_reason as tool_finish_reason
 
 
@@ -82,11 +82,6 @@ class ToolsAndReasoning:
 
     def finish_reason(self, reason: str | None, tool_calls: bool) -> str | None:
         return None if reason is None else tool_finish_reason(reason, self._tool_choice, tool_calls)
-
-    def streamed(self, index: int) -> ParsedOutput | None:
-        """A finished stream's choice as parse() would give it (the streamed call ids kept)."""
-        parser = self._streams.get(index)
-        return parser.finished if parser is not None else None
 
 
 def assistant_message(fields: dict) -> dict:
@@ -154,7 +149,7 @@ class ChatFormatter:
         }
 
     def _token_ids(self, out: Output) -> list[int] | None:
-        return out.token_ids if self._req.output.return_token_ids and not self._parser.hides_token_metadata else None
+        return out.token_ids if self._returns_prompt_ids else None  # the same switch as the prompt's ids
 
     def _logprobs(self, out: Output) -> dict | None:
         if not self._req.sampling.logprobs or self._parser.hides_token_metadata:

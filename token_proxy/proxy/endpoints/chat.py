@@ -25,7 +25,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
-    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req), ChatSession.of(request, body)))
+    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req), ChatSession.of(request, body))
+    return await run_pipeline(request, endpoint)
 
 
 async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
