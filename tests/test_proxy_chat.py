@@ -195,7 +195,14 @@ async def test_seeded_n_samples_differ_and_repeat(proxy, sim, stream):
 async def test_tools_and_template_kwargs_reach_the_rendering(proxy, hf_tokenizer):
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
                                                "parameters": {"type": "object", "properties": {}}}}]
-    status, body = await post(proxy, {"messages": USER, "tools": tools, "max_tokens": 1, "return_token_ids": True})
+    # vLLM: tools without tool_choice mean "auto", refused without --enable-auto-tool-choice;
+    # "none" still renders the tools (vLLM 0.33, unless --exclude-tools-when-tool-choice-none).
+    status, body = await post(proxy, {"messages": USER, "tools": tools, "max_tokens": 1})
+    assert (status, body["error"]["param"]) == (400, "tool_choice")
+    assert body["error"]["message"] == ('"auto" tool choice requires --enable-auto-tool-choice and '
+                                        '--tool-call-parser to be set')
+    status, body = await post(proxy, {"messages": USER, "tools": tools, "tool_choice": "none", "max_tokens": 1,
+                                      "return_token_ids": True})
     assert status == 200
     expected = hf_tokenizer.apply_chat_template(USER, tools=tools, add_generation_prompt=True, tokenize=False)
     assert body["prompt_token_ids"] == hf_tokenizer.encode(expected, add_special_tokens=False)

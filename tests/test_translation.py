@@ -9,6 +9,7 @@ from token_proxy.schemas import (
     CLAMP,
     ChatFormatter,
     OutputRules,
+    PlainText,
     ResponseMeta,
     TokenNamer,
     chat_logprob_content,
@@ -230,7 +231,7 @@ def test_stream_chunk_keys_follow_vllms_exclude_unset():
 TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
-class ToolCallParser:
+class ToolCallParser(PlainText):
     """A stand-in for a tool-call parser plugged into the chat formatter's output-parser hook."""
 
     def message(self, text):

@@ -26,6 +26,7 @@ import urllib.request
 
 from token_proxy.proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
+from token_proxy.tools import REASONING_PARSERS, TOOL_PARSERS
 
 log = logging.getLogger("token_proxy")
 
@@ -81,8 +82,9 @@ FLAG_GROUPS = (
         ("--first-token-timeout", "first_token_timeout_s", float, ("seconds until SGLang's first stream "
          "event (0: off)")),
         ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),
-        ("--allow-unhonoured-seed", "allow_unhonoured_seed", flag_bool, ("send `seed` even when SGLang runs "
-         "without --enable-deterministic-inference (it is then ignored)")),
+        ("--require-honoured-seed", "require_honoured_seed", flag_bool, ("refuse `seed` (400) when SGLang runs "
+         "without --enable-deterministic-inference and would ignore it; default: send it and report it "
+         "unhonoured (X-Seed-Honoured: false)")),
     )),
     ("limits", (
         ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
@@ -113,6 +115,21 @@ FLAG_GROUPS = (
         ("--lora-sync-interval", "lora_sync_interval_s", float, ("seconds between checks that every worker "
          "still holds the proxy's adapters (re-loaded if not; 0: off)")),
     )),
+    ("tools and reasoning", (
+        ("--tool-call-parser", "tool_call_parser", str, ("vLLM's tool-call parser name (" + ", ".join(
+         sorted(TOOL_PARSERS)) + "); default: the one the chat template names, if unambiguous")),
+        ("--enable-auto-tool-choice", "enable_auto_tool_choice", flag_bool, ("accept tool_choice \"auto\" (and "
+         "tools without tool_choice) and parse the model's tool calls, as vLLM")),
+        ("--reasoning-parser", "reasoning_parser", str, ("split thinking into `reasoning` (" + ", ".join(
+         sorted(REASONING_PARSERS)) + ")")),
+        ("--exclude-tools-when-tool-choice-none", "exclude_tools_when_tool_choice_none", flag_bool,
+         "tool_choice \"none\" renders no tools into the prompt (vLLM's default renders them)"),
+    )),
+    ("sessions", (
+        ("--session-ttl", "session_ttl_s", float, "idle seconds before a chat session (X-Session-ID) is dropped"),
+        ("--session-max-bytes", "session_max_bytes", int, "bytes all chat sessions may hold (0: sessions off)"),
+        ("--session-max-count", "session_max_count", int, "chat sessions kept (least recently used dropped)"),
+    )),
     ("logging and metrics", (
         ("--log-level", "log_level", str, "debug, info, warning or error"),
         ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
@@ -127,6 +144,10 @@ FLAG_GROUPS = (
     )),
 )
 _FLAGS = tuple(flag for _, flags in FLAG_GROUPS for flag in flags)
+# Deprecated flags: (flag, Settings field it sets, how its value maps onto that field). Hidden from --help.
+_DEPRECATED = (
+    ("--allow-unhonoured-seed", "require_honoured_seed", lambda allow: not allow),
+)
 DESCRIPTION = ("An OpenAI/vLLM-compatible proxy in front of SGLang's native /generate. With no --backend, "
                "the built-in SGLang simulator runs in a child process (no GPU needed). Every flag also "
                "reads an environment variable, TOKEN_PROXY_<FLAG> (e.g. TOKEN_PROXY_BACKEND).")
@@ -141,6 +162,7 @@ UNSET_MEANS = {
     "tokenizer": "SGLang's tokenizer_path", "served_model_name": "SGLang's", "context_length": "SGLang's",
     "backend_url": "the built-in simulator", "workers": "the backend, or the router's workers",
     "weight_dirs": "anywhere", "lora_modules": "none", "api_key": "none", "admin_key": "none",
+    "tool_call_parser": "the one the chat template names", "reasoning_parser": "none",
 }
 _METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH"}
 
@@ -165,11 +187,16 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
             repeat = {"action": "append", "default": None} if kind in (url_list, lora_module) else {"default": default}
             if kind is lora_module:
                 repeat["nargs"] = "+"
+            if kind is flag_bool:  # a bare `--enable-auto-tool-choice` (vLLM's spelling) means true
+                repeat.update(nargs="?", const=True)
             metavar = "MS" if field.endswith("_ms") else _METAVARS.get(kind, flag[2:].upper().replace("-", "_"))
             if field == "weight_dirs":
                 metavar = "DIR"
             group.add_argument(flag, dest=field, type=kind, metavar=metavar,
                                help=f"{help_text} [default: {shown}; env {env}]", **repeat)
+    for flag, _, _ in _DEPRECATED:
+        parser.add_argument(flag, dest="deprecated_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
+                            const=True, default=None, help=argparse.SUPPRESS)
     return parser
 
 
@@ -178,6 +205,7 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
     parser = build_parser(environ)
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
+    _apply_deprecated(args, values, environ)
     for flag, field, kind, _ in _FLAGS:  # environment values arrive as strings
         if kind is url_list:  # repeatable: the flags given, else the environment's comma list
             given = values[field]
@@ -207,6 +235,17 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
         return Settings(**values)
     except ValueError as exc:
         parser.error(str(exc))
+
+
+def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
+    for flag, field, convert in _DEPRECATED:
+        given = getattr(args, "deprecated_" + flag[2:].replace("-", "_"))
+        env = environ.get(env_name(flag))
+        if given is None and env is not None:
+            given = flag_bool(env)
+        if given is not None:
+            values[field] = convert(given)
+            log.warning("%s is deprecated; it sets %s", flag, field)
 
 
 def normalise_backend_url(url: str) -> tuple[str, str | None]:

@@ -31,9 +31,6 @@ class Settings:
     sim_ttft_ms: float = 0.0
     sim_tpot_ms: float = 0.0
     log_level: str = "info"
-    # SGLang ignores `seed` unless started with --enable-deterministic-inference; then a seeded
-    # request is refused (400), unless this lets it through knowing the seed has no effect.
-    allow_unhonoured_seed: bool = False
     # "text" or "json" for the proxy's own log lines; the per-request access line is always JSON.
     log_format: str = "text"
     # How often SGLang's /metrics is read for the vllm: view (0: never), and after how long
@@ -78,6 +75,23 @@ class Settings:
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
     admin_open: bool = False
+    # Tool calls and reasoning on the chat path (vLLM 0.33's flags). tool_call_parser: a TOOL_PARSERS
+    # name; None: the one the chat template names unambiguously, if any (logged at start-up).
+    # enable_auto_tool_choice: accept tool_choice "auto" (and tools without tool_choice) and parse calls.
+    # exclude_tools_when_tool_choice_none: tool_choice "none" renders no tools (vLLM renders them).
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
+    # Session continuity (X-Session-ID / session_id): idle seconds before a session is dropped, the
+    # bytes all sessions may hold (0: sessions off, keys ignored) and how many are kept (LRU).
+    session_ttl_s: float = 600.0
+    session_max_bytes: int = 256 << 20
+    session_max_count: int = 10_000
+    # SGLang ignores `seed` unless started with --enable-deterministic-inference. By default such a
+    # seed is still sent and the response says it was not honoured (X-Seed-Honoured: false, a
+    # counter, a rate-limited warning); this refuses it instead (400 naming `seed`).
+    require_honoured_seed: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -103,3 +117,14 @@ class Settings:
             raise ValueError(f"pause_mode must be retract, in_place or abort, got {self.pause_mode!r}")
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
             raise ValueError("admin timeouts must be positive")
+        _check_tool_flags(self)
+        if self.session_ttl_s <= 0 or self.session_max_bytes < 0 or self.session_max_count < 1:
+            raise ValueError("--session-ttl must be > 0, --session-max-bytes >= 0 and --session-max-count >= 1")
+
+
+def _check_tool_flags(settings: Settings) -> None:
+    """Parser names must be known (a one-line ValueError naming the flag). --enable-auto-tool-choice
+    without --tool-call-parser is checked once the chat template is known (it may name the parser)."""
+    from token_proxy.tools import check_flags
+
+    check_flags(settings.tool_call_parser, False, settings.reasoning_parser)

@@ -8,11 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from aiohttp import web
 
+from token_proxy.proxy.http_io import send_response_headers
 from token_proxy.proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.proxy.ops.auth import ACCESS, AccessPolicy, access_control
 from token_proxy.proxy.ops.metrics import add_observability, observe_requests
 from token_proxy.proxy.ops.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
+from token_proxy.proxy.sessions import add_sessions
 from token_proxy.proxy.upstream.client import SGLangClient
 from token_proxy.proxy.upstream.connection import CONTEXT, SETTINGS, ProxyContext, keep_connected
 from token_proxy.settings import Settings
@@ -30,6 +32,8 @@ def create_app(settings: Settings) -> web.Application:
                                settings.queue_timeout_s)
     app.cleanup_ctx.append(_proxy_context)
     add_observability(app)  # after _proxy_context: the backend scrape uses its client
+    add_sessions(app)  # after add_observability: its metrics go on that registry
+    app.on_response_prepare.append(send_response_headers)
     add_routes(app)
     return app
 

@@ -51,6 +51,24 @@ def _encodable(body: dict) -> bool:
     return True
 
 
+RESPONSE_HEADERS = web.RequestKey("response_headers", dict)
+
+
+def response_headers(request: web.Request) -> dict:
+    """Headers a handler adds to its response, whichever way it goes out (JSON, SSE, an error)."""
+    headers = request.get(RESPONSE_HEADERS)
+    if headers is None:
+        headers = request[RESPONSE_HEADERS] = {}
+    return headers
+
+
+async def send_response_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: runs before the headers go out, streams included."""
+    headers = request.get(RESPONSE_HEADERS)
+    if headers:
+        response.headers.update(headers)
+
+
 def json_response(obj, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(obj), content_type="application/json")
 

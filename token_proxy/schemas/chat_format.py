@@ -16,6 +16,8 @@ from typing import Protocol
 from token_proxy.schemas.chat_request import ChatRequest
 from token_proxy.schemas.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
 from token_proxy.schemas.output_rules import Output, ResponseMeta, Usage
+from token_proxy.tools import OutputParsing, StreamParser, merge_deltas
+from token_proxy.tools import finish_reason as tool_finish_reason
 
 
 class ChatOutputParser(Protocol):
@@ -23,17 +25,25 @@ class ChatOutputParser(Protocol):
 
     The output-parser hook: a tool-call / reasoning parser (pure functions over text) plugs in
     here, for both modes. `message` gets a choice's whole text; `delta` gets a stream's new
-    text for choice `index` (`finished` on its last delta) and returns the delta's fields.
-    A message or delta carrying "tool_calls" turns finish_reason "stop" into "tool_calls".
+    text for choice `index` (`finished` on its last delta) and returns the delta's fields
+    ({} when it holds everything back). `finish_reason` maps the engine's finish reason, knowing
+    whether the choice carried tool calls. `hides_token_metadata`: drop logprobs and token_ids
+    (vLLM does with include_reasoning false, so hidden reasoning cannot leak through them).
     """
+
+    hides_token_metadata: bool
 
     def message(self, text: str) -> dict: ...
 
     def delta(self, index: int, text: str, finished: bool) -> dict: ...
 
+    def finish_reason(self, reason: str | None, tool_calls: bool) -> str | None: ...
+
 
 class PlainText:
-    """No parsing: all text is content."""
+    """No parsing: all text is content (no work per chunk)."""
+
+    hides_token_metadata = False
 
     def message(self, text: str) -> dict:
         return {"content": text}
@@ -41,8 +51,37 @@ class PlainText:
     def delta(self, index: int, text: str, finished: bool) -> dict:
         return {"content": text}
 
+    def finish_reason(self, reason: str | None, tool_calls: bool) -> str | None:
+        return "tool_calls" if tool_calls and reason == "stop" else reason
+
 
 PLAIN_TEXT = PlainText()
+
+
+class ToolsAndReasoning:
+    """tools.OutputParsing behind the hook: vLLM 0.33's tool-call / reasoning split, one StreamParser
+    per streamed choice. Streamed calls equal parsed calls by construction (the stream replays the parse)."""
+
+    def __init__(self, parsing: OutputParsing, tool_choice: object):
+        self._parsing = parsing
+        self._tool_choice = tool_choice
+        self._streams: dict[int, StreamParser] = {}
+        self.hides_token_metadata = parsing.hides_token_metadata
+
+    def message(self, text: str) -> dict:
+        return self._parsing.parse(text).message_fields()
+
+    def delta(self, index: int, text: str, finished: bool) -> dict:
+        parser = self._streams.get(index)
+        if parser is None:
+            parser = self._streams[index] = self._parsing.stream()
+        events = parser.feed(text) if text else []
+        if finished:
+            events += parser.finish()
+        return merge_deltas(events)
+
+    def finish_reason(self, reason: str | None, tool_calls: bool) -> str | None:
+        return None if reason is None else tool_finish_reason(reason, self._tool_choice, tool_calls)
 
 
 def assistant_message(fields: dict) -> dict:
@@ -54,28 +93,29 @@ def assistant_message(fields: dict) -> dict:
     return message
 
 
-def _finish_reason(reason: str | None, tool_calls: bool) -> str | None:
-    return "tool_calls" if tool_calls and reason == "stop" else reason
-
-
 class ChatFormatter:
     def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer,
-                 parser: ChatOutputParser = PLAIN_TEXT):
+                 parser: ChatOutputParser = PLAIN_TEXT, session: dict | None = None):
         self._req = req
+        self._session = session  # `session_continuity`, on session requests only
         self._meta = meta
         self._namer = namer
         self._parser = parser
         self._prompt_ids = meta.prompt_ids[0]
         self._tool_choices: set[int] = set()  # streamed choices that sent a tool call
+        self._returns_prompt_ids = req.output.return_token_ids and not parser.hides_token_metadata
+        # A streamed delta that a parser holds back entirely is not sent (as vLLM), unless the chunk
+        # carries token ids or logprobs, which must all reach the client.
+        self._skips_empty = not (self._returns_prompt_ids or req.sampling.logprobs)
         # vLLM honours continuous_usage_stats only together with include_usage.
         self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
 
     # Not streaming
 
     def response(self, outputs: list[Output], usage: Usage) -> dict:
-        req, meta = self._req, self._meta
+        meta = self._meta
         first = outputs[0] if outputs else None
-        return {
+        body = {
             "id": meta.response_id,
             "object": "chat.completion",
             "created": meta.created,
@@ -85,12 +125,15 @@ class ChatFormatter:
             "system_fingerprint": None,
             "usage": usage.body(),
             "prompt_logprobs": self._prompt_logprobs(first),
-            "prompt_token_ids": self._prompt_ids if req.output.return_token_ids else None,
+            "prompt_token_ids": self._prompt_ids if self._returns_prompt_ids else None,
             "prompt_text": None,
             "kv_transfer_params": None,
             "ec_transfer_params": None,
             "metrics": None,
         }
+        if self._session is not None:
+            body["session_continuity"] = self._session
+        return body
 
     def _choice(self, out: Output) -> dict:
         fields = self._parser.message(out.text)
@@ -98,15 +141,18 @@ class ChatFormatter:
             "index": out.index,
             "message": assistant_message(fields),
             "logprobs": self._logprobs(out),
-            "finish_reason": _finish_reason(out.finish_reason, bool(fields.get("tool_calls"))),
+            "finish_reason": self._parser.finish_reason(out.finish_reason, bool(fields.get("tool_calls"))),
             "stop_reason": out.stop_reason,
-            "token_ids": out.token_ids if self._req.output.return_token_ids else None,
+            "token_ids": self._token_ids(out),
             "routed_experts": None,
             "weight_versions": out.weight_versions,
         }
 
+    def _token_ids(self, out: Output) -> list[int] | None:
+        return out.token_ids if self._returns_prompt_ids else None  # the same switch as the prompt's ids
+
     def _logprobs(self, out: Output) -> dict | None:
-        if not self._req.sampling.logprobs:
+        if not self._req.sampling.logprobs or self._parser.hides_token_metadata:
             return None
         return {"content": chat_logprob_content(out.logprobs, out.top_logprobs, self._req.sampling.top_logprobs,
                                                 self._namer)}
@@ -127,25 +173,30 @@ class ChatFormatter:
             choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None}
             chunk = self._chunk(choice, completion_tokens=0)
-            chunk["prompt_token_ids"] = self._prompt_ids if self._req.output.return_token_ids else None
+            chunk["prompt_token_ids"] = self._prompt_ids if self._returns_prompt_ids else None
             chunk["prompt_text"] = None
+            if self._session is not None:
+                chunk["session_continuity"] = self._session
             chunks.append(chunk)
         return chunks
 
-    def chunk(self, out: Output) -> dict:
+    def chunk(self, out: Output) -> dict | None:
+        """One choice's chunk; None for a held-back delta with nothing else to carry (not sent)."""
         finished = out.finish_reason is not None
         delta = self._parser.delta(out.index, out.text, finished)
         if "tool_calls" in delta:
             self._tool_choices.add(out.index)
+        if not finished and not delta and self._skips_empty:
+            return None
         choice = {"index": out.index, "delta": delta, "logprobs": self._logprobs(out), "finish_reason": None}
         if not finished:
-            choice["token_ids"] = out.token_ids if self._req.output.return_token_ids else None
+            choice["token_ids"] = self._token_ids(out)
             return self._chunk(choice, out.completion_tokens, kv_transfer_params=None)
-        if out.completion_tokens == 0 and not out.text:
+        if out.completion_tokens == 0 and delta == {"content": ""}:
             choice["delta"] = {}
-        choice["finish_reason"] = _finish_reason(out.finish_reason, out.index in self._tool_choices)
+        choice["finish_reason"] = self._parser.finish_reason(out.finish_reason, out.index in self._tool_choices)
         choice["stop_reason"] = out.stop_reason
-        choice["token_ids"] = out.token_ids if self._req.output.return_token_ids else None
+        choice["token_ids"] = self._token_ids(out)
         choice["weight_versions"] = out.weight_versions
         chunk = self._chunk(choice, out.completion_tokens)
         if not self._req.output.include_usage:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-
-import orjson
 
 from token_proxy.schemas.fields import bad, opt_bool, opt_dict, opt_int, opt_list, opt_request_id, opt_str
 from token_proxy.schemas.sampling import SamplingRequest, parse_sampling
 from token_proxy.tokenization.renderer import ChatPrompt
+from token_proxy.tools import messages_for_template, tools_for_template, validate_tools
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
@@ -25,6 +25,15 @@ class OutputOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolFlags:
+    """The server's tool flags a chat request is checked against (vLLM's)."""
+
+    tool_call_parser: str | None = None  # the chosen parser (flag or chat template)
+    enable_auto_tool_choice: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     model: str | None
     prompt: ChatPrompt
@@ -36,24 +45,40 @@ class ChatRequest:
     priority: int | None = None
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
     prompt_ids: tuple[int, ...] | None = None  # /v1/chat/completions/tokens: ids given, not rendered
+    # Tools as the client sent them (prompt.tools is what the template renders), and how to use them:
+    tools: list | None = None
+    tool_choice: object = None  # raw: None when absent ("auto" with tools, else "none", as vLLM)
+    parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True
 
 
-def parse_chat_request(body: object, vocab_size: int) -> ChatRequest:
+def parse_chat_request(body: object, vocab_size: int, tool_flags: ToolFlags = ToolFlags()) -> ChatRequest:
     if not isinstance(body, dict):
         raise bad("body", "the request body must be a JSON object")
     sampling = parse_sampling(body, vocab_size)
     output = parse_output_options(body)
     if output.stream and sampling.prompt_logprobs is not None:
         raise bad("prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.")
+    prompt = parse_chat_prompt(body)
+    tools, tool_choice = body.get("tools"), body.get("tool_choice")
+    validate_tools(tools, tool_choice, tool_parser=tool_flags.tool_call_parser,
+                   auto_tool_choice=tool_flags.enable_auto_tool_choice)
+    rendered_tools = tools_for_template(prompt.tools, tool_choice, tool_flags.exclude_tools_when_tool_choice_none)
+    if rendered_tools is not prompt.tools:
+        prompt = dataclasses.replace(prompt, tools=rendered_tools)
     return ChatRequest(
         model=opt_str(body, "model"),
-        prompt=parse_chat_prompt(body),
+        prompt=prompt,
         sampling=sampling,
         output=output,
         request_id=opt_request_id(body),
         cache_salt=opt_str(body, "cache_salt"),
         priority=opt_int(body, "priority"),
         truncate_prompt_tokens=opt_int(body, "truncate_prompt_tokens", lo=1),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=opt_bool(body, "parallel_tool_calls"),
+        include_reasoning=opt_bool(body, "include_reasoning", True),
     )
 
 
@@ -63,10 +88,9 @@ def parse_chat_prompt(body: dict) -> ChatPrompt:
     if add_generation_prompt and continue_final_message:
         raise bad("continue_final_message",
                   "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
-    _check_tool_choice(body)
     kwargs = opt_dict(body, "chat_template_kwargs")
     return ChatPrompt(
-        messages=parse_messages(body.get("messages")),
+        messages=messages_for_template(parse_messages(body.get("messages"))),
         tools=_parse_tools(body),
         documents=_parse_documents(body),
         chat_template=opt_str(body, "chat_template"),
@@ -133,21 +157,13 @@ def _parse_content(index: int, content: object) -> str | None:
 
 
 def _parse_tool_calls(index: int, tool_calls: object) -> list:
-    """Arguments given as JSON strings become objects, as vLLM hands them to templates."""
+    """Shape only; messages_for_template turns JSON-string arguments into objects, as vLLM does."""
     if not isinstance(tool_calls, list):
         raise bad("messages", f"message {index} tool_calls must be an array")
-    parsed = []
     for call in tool_calls:
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
             raise bad("messages", f"message {index}: each tool call needs a function object")
-        function = dict(call["function"])
-        if isinstance(function.get("arguments"), str):
-            try:
-                function["arguments"] = orjson.loads(function["arguments"])
-            except orjson.JSONDecodeError:
-                pass  # a template may still render the raw string
-        parsed.append({**call, "function": function})
-    return parsed
+    return tool_calls
 
 
 def _parse_tools(body: dict) -> list | None:
@@ -167,13 +183,3 @@ def _parse_documents(body: dict) -> list | None:
     if documents and not all(isinstance(d, dict) for d in documents):
         raise bad("documents", "must be an array of objects")
     return documents or None
-
-
-def _check_tool_choice(body: dict) -> None:
-    """Tools are rendered into the prompt; forcing a call needs a parser the proxy does not run."""
-    choice = body.get("tool_choice")
-    if choice is None or choice in ("none", "auto"):
-        return
-    if choice == "required" or isinstance(choice, dict):
-        raise bad("tool_choice", "only 'none' and 'auto' are supported: forcing a tool call is not")
-    raise bad("tool_choice", f"invalid value {choice!r}")

@@ -6,6 +6,7 @@ bare 500 and 0.5.23 with a 400, so nothing vLLM-only may leak through.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest, max_tokens_too_large, prompt_too_long
@@ -42,6 +43,24 @@ def sglang_request(prompts: list[list[int]], sampling: SamplingRequest, max_new_
         body["lora_path"] = lora_path  # one path for every item of a batch
     rids = body["rid"]
     return SGLangRequest(body, rids if isinstance(rids, list) else [rids])
+
+
+CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def with_sampling_overrides(sampling: SamplingRequest, params: dict) -> SamplingRequest:
+    """Fold SGLang sampling_params that a request's tools imply (tools.constraint_for: a forced-call
+    constraint; tools.sampling_overrides: skip_special_tokens) into the request, so the payload and the
+    proxy's own decoding agree. A forced-call constraint replaces a response_format one, as in vLLM."""
+    changes: dict = {}
+    for key, value in params.items():
+        if key in CONSTRAINT_KEYS:
+            changes["constraint"] = (key, value)
+        elif key == "skip_special_tokens":
+            changes["skip_special_tokens"] = value
+        else:
+            raise ValueError(f"no SamplingRequest field for SGLang's {key!r}")
+    return dataclasses.replace(sampling, **changes) if changes else sampling
 
 
 def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len: int,

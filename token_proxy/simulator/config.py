@@ -36,6 +36,9 @@ class SimConfig:
     enable_weights_cpu_backup: bool = False
     # How long a weight-update group join or receive may wait for its peers (SGLang: torch's 30 min).
     dist_timeout_s: float = 60.0
+    # Tests of output parsing: every unconstrained sequence writes this text, then EOS (as a model
+    # that answers with it; max_new_tokens still cuts it). None: the usual sampled text.
+    scripted_output: str | None = None
 
     @property
     def model_name(self) -> str:

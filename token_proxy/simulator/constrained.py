@@ -25,13 +25,16 @@ def forced_output_ids(json_schema: str, prompt: list[int], encode) -> tuple[int,
     return tuple(encode(json.dumps(value, ensure_ascii=False)))
 
 
-def with_forced_outputs(sequences: list, encode) -> list:
-    """SequenceSpecs with `forced_ids` set where their sampling_params carry a json_schema.
+def with_forced_outputs(sequences: list, encode, scripted_output: str | None = None) -> list:
+    """SequenceSpecs with `forced_ids` set where their sampling_params carry a json_schema
+    (or, for the others, to `scripted_output`'s ids when the simulator is configured with one).
 
     A schema that does not compile aborts the request as SGLang's grammar manager does
     (FINISH_ABORT, 400 BadRequestError, "Failed to compile json grammar: ...").
     """
-    return [_constrained(spec, encode) if spec.params.json_schema else spec for spec in sequences]
+    scripted = tuple(encode(scripted_output)) if scripted_output else ()
+    return [_constrained(spec, encode) if spec.params.json_schema
+            else replace(spec, forced_ids=scripted) if scripted else spec for spec in sequences]
 
 
 def _constrained(spec, encode):

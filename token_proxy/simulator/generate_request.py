@@ -59,7 +59,7 @@ def parse_generate(body, config: SimConfig, encode) -> GenerateCall:
     items = [replace(_item(body, i, prompt, rids[i], raw_params, config), extra_key=extra_keys[i])
              for i, prompt in enumerate(prompts)]
     _check_vocab(prompts, config.model_vocab_size)
-    sequences = with_forced_outputs(_expand(items, n), encode)
+    sequences = with_forced_outputs(_expand(items, n), encode, config.scripted_output)
     return GenerateCall(
         sequences=sequences, stream=bool(body.get("stream")), is_batch=not (is_single and n == 1)
     )

@@ -10,18 +10,23 @@ from aiohttp import web
 from token_proxy.proxy.http_io import read_json
 from token_proxy.proxy.pipeline import Job, run_pipeline
 from token_proxy.proxy.request_stats import RequestStats
+from token_proxy.proxy.sessions import ChatSession
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
-from token_proxy.schemas.chat_format import PLAIN_TEXT, ChatFormatter, ChatOutputParser
-from token_proxy.schemas.chat_request import ChatRequest, parse_chat_request
+from token_proxy.schemas.chat_format import PLAIN_TEXT, ChatFormatter, ChatOutputParser, ToolsAndReasoning
+from token_proxy.schemas.chat_request import ChatRequest, ToolFlags, parse_chat_request
 from token_proxy.schemas.fields import token_id_list
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.output_rules import ResponseMeta
+from token_proxy.schemas.sglang_payload import with_sampling_overrides
+from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sampling_overrides
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
-    req = parse_chat_request(await read_json(request), ctx.tokenizer_info.vocab_size)
-    return await run_pipeline(request, ChatEndpoint(req))
+    body = await read_json(request)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req), ChatSession.of(request, body))
+    return await run_pipeline(request, endpoint)
 
 
 async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
@@ -30,35 +35,71 @@ async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
     tokens = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size)
-    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size)
-    return await run_pipeline(request, ChatEndpoint(dataclasses.replace(req, prompt_ids=tuple(tokens))))
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    req = dataclasses.replace(req, prompt_ids=tuple(tokens))
+    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
 
 
-def output_parser(req: ChatRequest) -> ChatOutputParser:
-    """The output-parser hook: tool calls (req.prompt.tools) and reasoning parsers plug in here."""
-    return PLAIN_TEXT
+def tool_flags(ctx: ProxyContext) -> ToolFlags:
+    settings = ctx.settings
+    return ToolFlags(ctx.tool_parser, settings.enable_auto_tool_choice, settings.exclude_tools_when_tool_choice_none)
+
+
+def output_parsing_of(ctx: ProxyContext, req: ChatRequest) -> OutputParsing:
+    """How this request's completions are split into content, reasoning and tool calls (vLLM 0.33's rules).
+
+    A forced call ("required", a named function) is constrained by a json_schema grammar from its first
+    token (vLLM's grammar waits for the end of thinking; SGLang's /generate gets no such hint), so its
+    output has no reasoning to split off: a reasoning parser would take the whole call for thinking."""
+    forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
+    return output_parsing(req.tools, req.tool_choice, tool_parser=ctx.tool_parser,
+                          auto_tool_choice=ctx.settings.enable_auto_tool_choice,
+                          reasoning_parser=None if forced else ctx.settings.reasoning_parser,
+                          chat_template_kwargs=req.prompt.chat_template_kwargs,
+                          parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning)
+
+
+def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:
+    """The output-parser hook: plain text (no work per chunk) unless tools or reasoning are parsed."""
+    if parsing.tool_format is None and parsing.reasoning is None and not parsing.hides_token_metadata:
+        return PLAIN_TEXT
+    return ToolsAndReasoning(parsing, req.tool_choice)
 
 
 @dataclass(slots=True)
 class ChatEndpoint:
     req: ChatRequest
+    parsing: OutputParsing = dataclasses.field(default_factory=OutputParsing)
+    session: ChatSession | None = None  # a session request (X-Session-ID / session_id, sessions on)
     job: Job = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         req = self.req
-        self.job = Job("chatcmpl", req.model, req.sampling, req.output.stream, req.request_id, req.cache_salt,
+        # A forced call ("required", a named function) is a json_schema constraint; tool markers that
+        # are special tokens must stay in the text (skip_special_tokens false), as vLLM's parsers ask.
+        overrides = {**(constraint_for(req.tools, req.tool_choice, req.parallel_tool_calls) or {}),
+                     **sampling_overrides(self.parsing)}
+        sampling = with_sampling_overrides(req.sampling, overrides)
+        self.job = Job("chatcmpl", req.model, sampling, req.output.stream, req.request_id, req.cache_salt,
                        req.priority)
 
     async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
         req = self.req
+        if self.session is not None and req.prompt_ids is None and req.truncate_prompt_tokens is None:
+            return [await self.session.prompt_ids(ctx, req.prompt, stats)]
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
         else:
             ids, stats.prompt_cache_hit, stats.render_s = await ctx.renderer.render_chat(req.prompt)
         if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
             ids = ids[-req.truncate_prompt_tokens:]
+        if self.session is not None:
+            self.session.unsupported(len(ids))
         return [ids]
 
     async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
         namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
-        return ChatFormatter(self.req, meta, namer, output_parser(self.req))
+        session = self.session
+        formatter = ChatFormatter(self.req, meta, namer, output_parser(self.req, self.parsing),
+                                  session.field() if session is not None else None)
+        return session.recorder(formatter, self.req.sampling.n) if session is not None else formatter

@@ -102,6 +102,10 @@ class ProxyMetrics:
                                          "serves now", ["weight_version"])
         self.weight_version = gauge(PREFIX + "weight_version", "The current weight version as a number "
                                     "(NaN when it is not one)")
+        self.unhonoured_seeds = counter(PREFIX + "unhonoured_seed_requests_total", "Requests whose `seed` "
+                                        "SGLang ignores (started without --enable-deterministic-inference)", route)
+        self._seed_warned_at: float | None = None
+        self._seeds_unwarned = 0
         self.current_weight_version: str | None = None
         self.backend = BackendMetrics(model_name, stale_after_s)
         self.backend.register(self.registry, PREFIX)
@@ -129,6 +133,16 @@ class ProxyMetrics:
         for endpoint in weight_routes:
             for result in ("success", "failure"):
                 self.weight_updates.labels(endpoint, result)
+
+    def unhonoured_seed(self, endpoint: str, now: float | None = None) -> None:
+        """Count a request whose seed SGLang ignores; warn at most once a minute."""
+        self.child(self.unhonoured_seeds, endpoint).inc()
+        self._seeds_unwarned += 1
+        now = time.monotonic() if now is None else now
+        if self._seed_warned_at is None or now - self._seed_warned_at >= 60.0:
+            log.warning("%d request(s) carried a seed SGLang ignores: start it with --enable-deterministic-inference, "
+                        "or run the proxy with --require-honoured-seed to refuse them", self._seeds_unwarned)
+            self._seed_warned_at, self._seeds_unwarned = now, 0
 
     def child(self, metric, *labels: str):
         """A labelled child, looked up in prometheus-client once per label set, not per request."""

@@ -193,10 +193,24 @@ class _Schemas:
             "tools": {"type": "array", "items": tool}, "documents": {"type": "array", "items": OBJ},
             "chat_template": STR, "chat_template_kwargs": OBJ,
             "add_generation_prompt": BOOL, "continue_final_message": BOOL, "add_special_tokens": BOOL,
-            "tool_choice": {"enum": ["none", "auto"]},
         }
         return {"messages": {"type": "array", "items": {"$ref": "#/components/schemas/Message"}, "minItems": 1},
                 **{k: _nullable(v) for k, v in fields.items()}}
+
+    def chat_tools(self) -> dict:
+        """Chat-only fields: tools' use (/tokenize renders tools but ignores these) and the session key."""
+        named = {"type": "object", "required": ["function"], "properties": {
+            "type": {"enum": ["function"]},
+            "function": {"type": "object", "required": ["name"], "properties": {"name": STR}}}}
+        tool_choice = {
+            "description": "vLLM's: \"none\" (tools still rendered unless --exclude-tools-when-tool-choice-none), "
+                           "\"auto\" (the default with tools; needs --enable-auto-tool-choice and a tool-call "
+                           "parser), \"required\" or a named function (forced by a json_schema constraint)",
+            "anyOf": [{"enum": ["none", "auto", "required"]}, named]}
+        fields = {"tool_choice": tool_choice, "parallel_tool_calls": BOOL, "include_reasoning": BOOL,
+                  "session_id": {"type": "string", "maxLength": 256,
+                                 "description": "session continuity key (or the X-Session-ID header)"}}
+        return {k: _nullable(v) for k, v in fields.items()}
 
     def request_fields(self) -> dict:
         return {k: _nullable(v) for k, v in {
@@ -210,7 +224,8 @@ class _Schemas:
         }.items()}
 
     def chat(self, *, tokens: bool = False) -> dict:
-        props = {**self.request_fields(), **self.chat_prompt(), **self.sampling(chat=True), **self.output_fields()}
+        props = {**self.request_fields(), **self.chat_prompt(), **self.chat_tools(), **self.sampling(chat=True),
+                 **self.output_fields()}
         required = ["messages"]
         if tokens:  # the prompt is these ids; the messages only give context (tools, template)
             props["tokens"] = self.token_ids()

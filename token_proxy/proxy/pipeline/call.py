@@ -65,8 +65,9 @@ def _chunks(rules: OutputRules, formatter, events: list[dict]) -> list[dict]:
     chunks = []
     for event in events:
         out = rules.feed(event)
-        if out is not None:
-            chunks.append(formatter.chunk(out))
+        chunk = None if out is None else formatter.chunk(out)
+        if chunk is not None:  # None: a delta a tool/reasoning parser held back entirely
+            chunks.append(chunk)
     return chunks
 
 

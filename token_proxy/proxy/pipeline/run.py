@@ -14,7 +14,8 @@ from aiohttp import web
 
 from token_proxy.errors import InvalidRequest
 from token_proxy.proxy.admin.lora import LORA
-from token_proxy.proxy.http_io import json_response
+from token_proxy.proxy.http_io import json_response, response_headers
+from token_proxy.proxy.ops.metrics import METRICS
 from token_proxy.proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.proxy.pipeline.target import ModelTarget, resolve_model
 from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
@@ -25,6 +26,7 @@ from token_proxy.schemas.sampling import SamplingRequest
 from token_proxy.schemas.sglang_payload import resolve_max_tokens, sglang_request
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
+SEED_HONOURED_HEADER = "X-Seed-Honoured"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,7 @@ class Formatter(Protocol):
 
     def start(self) -> list[dict]: ...
 
-    def chunk(self, out: Output) -> dict: ...
+    def chunk(self, out: Output) -> dict | None: ...  # None: nothing to send for this event
 
     def finish(self, usage: Usage) -> list[dict]: ...
 
@@ -76,7 +78,7 @@ async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamRe
 async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, target: ModelTarget,
                  stats: RequestStats) -> web.StreamResponse:
     job = endpoint.job
-    sampling = checked_seed(ctx, job.sampling)
+    sampling = checked_seed(request, ctx, job.sampling)
     prompts = await endpoint.prompt_ids(ctx, stats)
     stats.prompt_tokens = sum(len(ids) for ids in prompts)
     limits = [resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
@@ -94,6 +96,7 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, ta
     outputs = await generate_whole(ctx, call, rules, stats, lora)
     return json_response(formatter.response(outputs, rules.usage()))
 
+
 def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, prompt_tokens: int,
                  stream: bool) -> OutputRules:
     skip = sampling.skip_special_tokens
@@ -102,16 +105,22 @@ def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, pro
                        lambda ids: texts.decode(ids, skip), incremental=not stream or ctx.backend.incremental_stream)
 
 
-def checked_seed(ctx: ProxyContext, sampling: SamplingRequest) -> SamplingRequest:
-    """vLLM always honours `seed`; SGLang only with --enable-deterministic-inference. A seed that
-    would be silently ignored is refused rather than breaking a run's reproducibility unseen,
-    except under greedy decoding (temperature 0), which no engine seeds: it is accepted and dropped."""
-    if sampling.seed is None or ctx.backend.honours_seed or ctx.settings.allow_unhonoured_seed:
+def checked_seed(request: web.Request, ctx: ProxyContext, sampling: SamplingRequest) -> SamplingRequest:
+    """vLLM always honours `seed`; SGLang only with --enable-deterministic-inference. Clients written for
+    vLLM (SkyRL samples with a seed and temperature > 0) must run unmodified: the seed is sent (as
+    sampling_seed) and, when SGLang will ignore it, the request still runs and says so: the response
+    header `X-Seed-Honoured: false`, a counter and a warning at most once a minute. With
+    --require-honoured-seed it is refused (400 naming `seed`). Under greedy decoding (temperature 0),
+    which no engine seeds, a seed is accepted and dropped."""
+    if sampling.seed is None or ctx.backend.honours_seed:
         return sampling
     if sampling.temperature is not None and sampling.temperature < GREEDY_BELOW:
         return dataclasses.replace(sampling, seed=None)
-    raise InvalidRequest(
-        "`seed` cannot be honoured: SGLang ignores it unless started with --enable-deterministic-inference "
-        "(or run the proxy with --allow-unhonoured-seed true to send it anyway; greedy requests, "
-        "temperature 0, may carry a seed)", param="seed")
-
+    if ctx.settings.require_honoured_seed:
+        raise InvalidRequest(
+            "`seed` cannot be honoured: SGLang ignores it unless started with --enable-deterministic-inference "
+            "(the proxy runs with --require-honoured-seed; greedy requests, temperature 0, may carry a seed)",
+            param="seed")
+    response_headers(request)[SEED_HONOURED_HEADER] = "false"
+    request.app[METRICS].unhonoured_seed(stats_of(request).endpoint)
+    return sampling

@@ -25,6 +25,7 @@ from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import TokenizerInfo, describe_tokenizer, load_tokenizer
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
+from token_proxy.tools import choose_tool_parser
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Engine:
     tokenizer_info: TokenizerInfo
     renderer: PromptRenderer
     token_texts: TokenTexts
+    tool_parser: str | None = None  # --tool-call-parser, else the one the chat template names (tools)
 
 
 @dataclass(slots=True)
@@ -184,6 +186,10 @@ class ProxyContext:
         return self._ready().token_texts
 
     @property
+    def tool_parser(self) -> str | None:
+        return self._ready().tool_parser
+
+    @property
     def max_model_len(self) -> int:
         return self.backend.max_model_len
 
@@ -236,7 +242,19 @@ async def _engine(ctx: ProxyContext) -> Engine:
         adopt_library_loggers()
     return Engine(backend=backend, tokenizer_info=describe_tokenizer(tokenizer),
                   renderer=PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size),
-                  token_texts=TokenTexts(tokenizer))
+                  token_texts=TokenTexts(tokenizer), tool_parser=_tool_parser(ctx, tokenizer))
+
+
+def _tool_parser(ctx: ProxyContext, tokenizer) -> str | None:
+    """--tool-call-parser, else the parser the tokenizer's chat template names (logged either way)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named templates: the default one renders chats
+        template = template.get("default")
+    chosen = choose_tool_parser(ctx.settings.tool_call_parser, template if isinstance(template, str) else None)
+    if ctx.settings.enable_auto_tool_choice and chosen is None:
+        log.error("--enable-auto-tool-choice requires --tool-call-parser (the chat template names no parser): "
+                  "tool_choice \"auto\" is refused until one is given")
+    return chosen
 
 
 async def keep_connected(app: web.Application) -> None:
