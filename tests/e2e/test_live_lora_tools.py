@@ -126,6 +126,11 @@ REQUIRED_TOOL_SCHEMA = {"type": "array", "minItems": 1, "maxItems": 1, "items": 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 async def test_json_schema_output_validates(sglang, temperature):
     jsonschema = pytest.importorskip("jsonschema")
+    _, info = await sglang.get("/server_info")
+    if not info.get("constrained_json_disable_any_whitespace"):
+        # xgrammar's default grammar allows any whitespace run: a random-weight model fills max_new_tokens with
+        # tabs and newlines inside a still-valid JSON prefix (seen on 0.5.17), so only the prefix can be checked
+        pytest.skip("start SGLang with --constrained-json-disable-any-whitespace to validate whole outputs")
     status, body = await sglang.post("/generate", {"input_ids": PROMPT, "sampling_params": {
         "max_new_tokens": 300, "temperature": temperature, "json_schema": json.dumps(REQUIRED_TOOL_SCHEMA)}})
     assert status == 200, body
