@@ -197,9 +197,10 @@ async def test_n_samples_are_aborted_by_their_own_rids_when_the_client_leaves(ne
     monkeypatch.setattr(ctx.client, "abort", record)
     body = {"messages": USER, "max_tokens": 2000, "n": 2, "stream": True, "ignore_eos": True,
             "request_id": "leaver"}
-    request = asyncio.create_task(new_proxy.post("/v1/chat/completions", data=orjson.dumps(body)))
+    response = await new_proxy.post("/v1/chat/completions", data=orjson.dumps(body))
+    assert response.status == 200
     await until(lambda: sum(s.started for s in state(new_sim).running.values()) == 2)
-    request.cancel()
+    response.close()  # the client leaves mid-stream
     await until(lambda: not state(new_sim).running)
     await until(lambda: len(aborted) == 2)
     assert sorted(aborted) == ["chatcmpl-leaver-0", "chatcmpl-leaver-1"]
@@ -252,3 +253,14 @@ async def test_an_update_whose_flush_0_5_23_refuses_still_counts_and_owes_the_fl
 def test_the_strict_simulator_lists_what_0_5_23_lists():
     assert [key for _, key in ADDED_KEYS] == ["beam_width", "watermark", "choice"]
     assert set(KNOWN_KEYS) == SAMPLING_KEYS_0517
+
+
+async def test_non_streaming_weight_versions_are_sglangs_exact_spans_from_0_5_19(new_proxy, new_sim):
+    request = asyncio.create_task(new_proxy.post("/v1/chat/completions", json={
+        "messages": USER, "max_tokens": 40, "ignore_eos": True}))
+    await until(lambda: any(len(s.output_ids) >= 5 for s in state(new_sim).running.values()))
+    state(new_sim).weight_version = "v2"  # what an update does between two decode steps
+    response = await request
+    spans = (await response.json())["choices"][0]["weight_versions"]
+    assert [s["version"] for s in spans] == ["default", "v2"]
+    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] >= 5 and spans[1]["end"] == 40
