@@ -122,17 +122,17 @@ async def test_simulator_0_5_23_reports_its_version_and_drops_get_load(make_sim)
             400, {"error": {"message": f"sampling_seed must be in [-2**63, 2**63 - 1], got {2**63}."}})
 
 
-async def test_simulator_0_5_18_ignores_an_abort_of_an_n_request_rid(make_sim):
-    for version, stopped in (("0.5.17", 2), ("0.5.18", 0)):
-        sim = await make_sim(sglang_version=version, tpot_s=0.01)
-        async with aiohttp.ClientSession(str(sim.make_url(""))) as http:
-            body = {"input_ids": FOX, "rid": "logical", "stream": True,
-                    "sampling_params": {"n": 2, "max_new_tokens": 200, "ignore_eos": True}}
-            task = asyncio.create_task(http.post("/generate", json=body))
-            await until(lambda: sum(s.started for s in state(sim).running.values()) == 2)
-            assert state(sim).abort("logical") == stopped, version
-            state(sim).abort(abort_all=True)
-            await (await task).read()
+@pytest.mark.parametrize(("version", "stopped"), [("0.5.17", 2), ("0.5.18", 0), (NEWEST, 0)])
+async def test_from_0_5_18_an_abort_of_an_n_request_rid_stops_none_of_its_samples(make_sim, version, stopped):
+    sim = await make_sim(sglang_version=version, tpot_s=0.01)
+    async with aiohttp.ClientSession(str(sim.make_url(""))) as http:
+        body = {"input_ids": FOX, "rid": "logical", "stream": True,
+                "sampling_params": {"n": 2, "max_new_tokens": 200, "ignore_eos": True}}
+        task = asyncio.create_task(http.post("/generate", json=body))
+        await until(lambda: sum(s.started for s in state(sim).running.values()) == 2)
+        assert state(sim).abort("logical") == stopped
+        state(sim).abort(abort_all=True)
+        await (await task).read()
 
 
 # --- the proxy against SGLang 0.5.23 (the simulator's mode) ---------------------------------------------

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from token_proxy.simulator import params
-from token_proxy.simulator.admin_routes import FLUSH_REFUSED, _body, _drain, crash_scheduler, flush_would_crash
+from token_proxy.simulator.admin_routes import (
+    FLUSH_REFUSED,
+    _body,
+    _drain,
+    crash_scheduler,
+    flush_would_crash,
+)
 from token_proxy.simulator.errors import json_response
 from token_proxy.simulator.state import SIM_STATE, SimState
 
