@@ -104,6 +104,8 @@ def test_cache_salt_is_extra_key_on_0_5_17_and_cache_salt_from_0_5_18():
     new = sglang_request([FOX], sampling, [4], rid="r", stream=False, cache_salt="s", api=features_for("0.5.18"))
     assert (old.body.get("extra_key"), "cache_salt" in old.body) == ("s", False)
     assert (new.body.get("cache_salt"), "extra_key" in new.body) == ("s", False)
+    guess = sglang_request([FOX], sampling, [4], rid="r", stream=False, cache_salt="s", api=features_for("0.0.0.dev0"))
+    assert (guess.body.get("cache_salt"), guess.body.get("extra_key")) == ("s", "s")
 
 
 # --- the simulator's modes ----------------------------------------------------------------------------

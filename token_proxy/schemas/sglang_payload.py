@@ -146,8 +146,12 @@ def _with_request_fields(payload: dict, sampling: SamplingRequest, cache_salt: s
     if cache_salt is not None:
         # 0.5.17's /generate knows only extra_key (its OpenAI layer folds cache_salt into it; an unknown
         # top-level "cache_salt" would be dropped and the salt lost). From 0.5.18 cache_salt is its own
-        # radix-key part, as SGLang's own chat sends it (and KV events carry it).
-        payload["cache_salt" if api.native_cache_salt else "extra_key"] = cache_salt
+        # radix-key part, as SGLang's own chat sends it (and KV events carry it). A version the proxy
+        # could only guess (a source build, a router that reports none) gets both: isolated either way.
+        if api.native_cache_salt:
+            payload["cache_salt"] = cache_salt
+        if not api.native_cache_salt or not api.exact:
+            payload["extra_key"] = cache_salt
     if priority is not None:
         payload["priority"] = priority
     return payload
