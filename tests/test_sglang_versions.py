@@ -266,3 +266,46 @@ async def test_non_streaming_weight_versions_are_sglangs_exact_spans_from_0_5_19
     spans = (await response.json())["choices"][0]["weight_versions"]
     assert [s["version"] for s in spans] == ["default", "v2"]
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] >= 5 and spans[1]["end"] == 40
+
+
+def _comparable(value):
+    """A response without what differs per call (ids, clocks)."""
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items() if k not in ("id", "created", "request_id")}
+    if isinstance(value, list):
+        return [_comparable(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 6, "n": 3, "temperature": 0, "logprobs": True,
+                              "top_logprobs": 2, "return_token_ids": True, "stop": ["zz"]}),
+    ("/v1/completions", {"prompt": ["The fox", "A cat"], "max_tokens": 5, "n": 2, "temperature": 0,
+                         "logprobs": 1, "echo": False}),
+    ("/inference/v1/generate", {"token_ids": FOX, "sampling_params": {"max_tokens": 4, "n": 2, "temperature": 0,
+                                                                     "logprobs": 1}}),
+])
+async def test_every_endpoint_answers_the_same_on_0_5_17_and_0_5_23(make_sim, make_proxy, path, body, stream):
+    """n > 1 is SGLang's own `n` on 0.5.17 and per-sample items on 0.5.23: clients see no difference."""
+    replies = []
+    for version in ("0.5.17", NEWEST):
+        proxy = await make_proxy(await make_sim(sglang_version=version))
+        response = await proxy.post(path, json={**body, "stream": stream})
+        raw = await response.read()
+        assert response.status == 200, raw[:300]
+        replies.append(_by_choice(parse_sse(raw)) if stream else _comparable(orjson.loads(raw)))
+    assert replies[0] == replies[1]
+
+
+def _by_choice(events: list) -> dict:
+    """A stream's chunks per choice index (samples interleave in whatever order they are produced)."""
+    out: dict = {"other": []}
+    for event in events[:-1]:
+        choices = event.get("choices") or []
+        rest = _comparable({k: v for k, v in event.items() if k != "choices"})
+        if not choices:
+            out["other"].append(rest)
+        for choice in choices:
+            out.setdefault(choice["index"], []).append((rest, _comparable(choice)))
+    return out
