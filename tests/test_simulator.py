@@ -464,9 +464,16 @@ async def test_invalid_sampling_values_are_400(sim, params, message):
     assert await generate(sim, 400, input_ids=FOX, sampling_params=params) == {"error": {"message": message}}
 
 
-async def test_unknown_sampling_key_is_named(sim):
+async def test_unknown_sampling_key_is_named_from_0_5_22(make_sim):
+    sim = await make_sim(sglang_version="0.5.22")
     out = await generate(sim, 400, input_ids=FOX, sampling_params={"min_tokens": 3}, stream=True)
     assert out["error"].startswith("unknown field `min_tokens`, expected one of `max_new_tokens`, `stop`")
+    assert out["error"].endswith("`custom_params`, `beam_width`, `watermark`")
+
+
+async def test_unknown_sampling_key_is_a_bare_500_on_0_5_17(sim):
+    response = await sim.post("/generate", json={"input_ids": FOX, "sampling_params": {"min_tokens": 3}})
+    assert (response.status, await response.text()) == (500, "Internal Server Error")
 
 
 async def test_wrong_type_is_a_bare_500(sim):

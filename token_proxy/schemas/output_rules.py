@@ -166,7 +166,7 @@ class OutputRules:
         state.finished = True
         finish_reason, stop_reason = map_finish(finish, self._eos)
         return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
-                      self._versions.spans(index, state.ids_seen))
+                      self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 
     def _new_items(self, items: list, seen: int) -> list:
         return items if self._incremental else items[seen:]

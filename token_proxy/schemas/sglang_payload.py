@@ -1,7 +1,8 @@
 """Translate a validated request into the body of SGLang's native POST /generate.
 
 Only keys SGLang accepts are sent: 0.5.17 answers an unknown sampling key with a
-bare 500 and 0.5.23 with a 400, so nothing vLLM-only may leak through.
+bare 500 and 0.5.22+ with a 400, so nothing vLLM-only may leak through (every key here is
+in every generation's list: sglang_api.SAMPLING_KEYS_0517).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest, max_tokens_too_large, prompt_too_long
 from token_proxy.schemas.sampling import SamplingRequest
+from token_proxy.schemas.sglang_api import VERIFIED_FEATURES, SGLangFeatures
 
 # vLLM field -> SGLang sampling_params key, copied when the client set it.
 _OPTIONAL_SAMPLING = (
@@ -36,9 +38,9 @@ class SGLangRequest:
 
 def sglang_request(prompts: list[list[int]], sampling: SamplingRequest, max_new_tokens: list[int], *, rid: str,
                    stream: bool, cache_salt: str | None = None, priority: int | None = None,
-                   lora_path: str | None = None) -> SGLangRequest:
+                   lora_path: str | None = None, api: SGLangFeatures = VERIFIED_FEATURES) -> SGLangRequest:
     body = batch_payload(prompts, sampling, max_new_tokens, rid=rid, stream=stream, cache_salt=cache_salt,
-                         priority=priority)
+                         priority=priority, api=api)
     if lora_path is not None:
         body["lora_path"] = lora_path  # one path for every item of a batch
     rids = body["rid"]
@@ -101,6 +103,8 @@ def sampling_params(sampling: SamplingRequest, max_new_tokens: int) -> dict:
         value = getattr(sampling, src)
         if value is not None:
             params[dst] = value
+    if not -(2**63) <= params.get("sampling_seed", 0) < 2**63:  # vLLM takes uint64 seeds; SGLang 0.5.21+ int64
+        params["sampling_seed"] %= 2**63
     if sampling.constraint is not None:
         key, value = sampling.constraint
         params[key] = value
@@ -116,12 +120,13 @@ def generate_payload(
     stream: bool,
     cache_salt: str | None = None,
     priority: int | None = None,
+    api: SGLangFeatures = VERIFIED_FEATURES,
 ) -> dict:
     params = sampling_params(sampling, max_new_tokens)
     payload = {"input_ids": prompt_ids, "sampling_params": params, "rid": rid, "stream": stream}
-    if sampling.n > 1 and sampling.seed is not None:
-        payload.update(_seeded_batch(prompt_ids, params, rid, sampling.n, sampling.seed))
-    return _with_request_fields(payload, sampling, cache_salt, priority)
+    if _one_item_per_sample(sampling, api):
+        payload.update(_sample_batch(prompt_ids, params, rid, sampling.n, sampling.seed))
+    return _with_request_fields(payload, sampling, cache_salt, priority, api)
 
 
 def batch_payload(
@@ -133,46 +138,60 @@ def batch_payload(
     stream: bool,
     cache_salt: str | None = None,
     priority: int | None = None,
+    api: SGLangFeatures = VERIFIED_FEATURES,
 ) -> dict:
     """Several prompts in one SGLang batch. Choice i*n + j is sample j of prompt i, in SGLang's
     order and in vLLM's (`output.index + prompt_idx * n`)."""
     if len(prompts) == 1:
         return generate_payload(prompts[0], sampling, max_new_tokens[0], rid=rid, stream=stream,
-                                cache_salt=cache_salt, priority=priority)
-    seeded = sampling.n > 1 and sampling.seed is not None
+                                cache_salt=cache_salt, priority=priority, api=api)
+    per_sample = _one_item_per_sample(sampling, api)
     input_ids, params, rids = [], [], []
     for p, (ids, max_new) in enumerate(zip(prompts, max_new_tokens)):
         one = sampling_params(sampling, max_new)
-        items = _seeded_batch(ids, one, f"{rid}-{p}", sampling.n, sampling.seed) if seeded else {
+        items = _sample_batch(ids, one, f"{rid}-{p}", sampling.n, sampling.seed) if per_sample else {
             "input_ids": [ids], "sampling_params": [one], "rid": [f"{rid}-{p}"]}
         input_ids += items["input_ids"]
         params += items["sampling_params"]
         rids += items["rid"]
     payload = {"input_ids": input_ids, "sampling_params": params, "rid": rids, "stream": stream}
-    return _with_request_fields(payload, sampling, cache_salt, priority)
+    return _with_request_fields(payload, sampling, cache_salt, priority, api)
 
 
 def _with_request_fields(payload: dict, sampling: SamplingRequest, cache_salt: str | None,
-                         priority: int | None) -> dict:
+                         priority: int | None, api: SGLangFeatures) -> dict:
     if sampling.logprobs or sampling.prompt_logprobs is not None:
         payload.update(_logprob_fields(sampling))
     if cache_salt is not None:
-        # SGLang's native /generate calls it extra_key (its OpenAI layer maps cache_salt onto it);
-        # an unknown "cache_salt" key would be dropped silently and the salt lost.
-        payload["extra_key"] = cache_salt
+        # 0.5.17's /generate knows only extra_key (its OpenAI layer folds cache_salt into it; an unknown
+        # top-level "cache_salt" would be dropped and the salt lost). From 0.5.18 cache_salt is its own
+        # radix-key part, as SGLang's own chat sends it (and KV events carry it). A version the proxy
+        # could only guess (a source build, a router that reports none) gets both: isolated either way.
+        if api.native_cache_salt:
+            payload["cache_salt"] = cache_salt
+        if not api.native_cache_salt or not api.exact:
+            payload["extra_key"] = cache_salt
     if priority is not None:
         payload["priority"] = priority
     return payload
 
 
-def _seeded_batch(prompt_ids: list[int], params: dict, rid: str, n: int, seed: int) -> dict:
-    """SGLang samples its n copies of a seeded request with the same seed at the same positions,
-    so they come out identical; vLLM's n seeded samples differ. Send n one-sample requests with
-    seeds seed, seed+1, ... instead (the prefix cache still shares the prompt)."""
+def _one_item_per_sample(sampling: SamplingRequest, api: SGLangFeatures) -> bool:
+    """n > 1 as n one-sample items with the proxy's own rids `<rid>-<i>`, instead of SGLang's `n`:
+    - seeded: SGLang samples its n copies with the same seed at the same positions, so they come out
+      identical; vLLM's n seeded samples differ (seeds seed, seed+1, ... instead);
+    - from 0.5.18 SGLang names the samples of an `n` request with random rids, so /abort_request of
+      the request's rid stops none of them (a client that leaves, a stop id the proxy enforces).
+    On 0.5.17 an unseeded `n` stays SGLang's own (its prefix is prefilled once, then shared)."""
+    return sampling.n > 1 and (sampling.seed is not None or not api.abort_reaches_n_samples)
+
+
+def _sample_batch(prompt_ids: list[int], params: dict, rid: str, n: int, seed: int | None) -> dict:
     one = dict(params, n=1)
     return {
         "input_ids": [prompt_ids] * n,
-        "sampling_params": [dict(one, sampling_seed=(seed + i) % 2**63) for i in range(n)],
+        "sampling_params": [one] * n if seed is None else
+        [dict(one, sampling_seed=(seed + i) % 2**63) for i in range(n)],
         "rid": [f"{rid}-{i}" for i in range(n)],
     }
 

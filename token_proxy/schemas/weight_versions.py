@@ -27,7 +27,12 @@ class VersionSpans:
         if not starts or starts[-1][0] != str(version):
             starts.append((str(version), tokens_before))
 
-    def spans(self, index: int, num_tokens: int) -> list[dict] | None:
+    def spans(self, index: int, num_tokens: int, reported=None) -> list[dict] | None:
+        """SGLang 0.5.19+ reports exact spans on a finished reply (`reported`): those win, cut to
+        `num_tokens` (the proxy may end a choice early at a stop id)."""
+        if isinstance(reported, list) and reported and all(isinstance(s, dict) for s in reported):
+            return [span(str(s.get("version")), s.get("start", 0), min(s.get("end", num_tokens), num_tokens))
+                    for s in reported if s.get("start", 0) < num_tokens or s.get("start", 0) == 0]
         starts = self._starts.get(index)
         if not starts:
             return None

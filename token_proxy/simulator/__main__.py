@@ -8,7 +8,7 @@ import sys
 
 from token_proxy.proxy.ops.access_log import configure_logging
 from token_proxy.simulator.app import SimulatorStartError, run_simulator
-from token_proxy.simulator.config import SimConfig
+from token_proxy.simulator.config import VERSIONS, SimConfig
 
 log = logging.getLogger("token_proxy.simulator")
 
@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
                         help="seconds a weight-update group join or receive waits for its peers")
+    parser.add_argument("--sglang-version", default=SimConfig.sglang_version, choices=VERSIONS,
+                        help="the SGLang release whose API to mimic (0.5.17 is verified against a real server)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="text", choices=("text", "json"))
     return parser.parse_args(argv)
@@ -59,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         enable_weights_cpu_backup=args.enable_weights_cpu_backup,
         max_running_requests=args.max_running_requests,
         dist_timeout_s=args.dist_timeout,
+        sglang_version=args.sglang_version,
     )
 
 

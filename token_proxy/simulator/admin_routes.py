@@ -17,6 +17,9 @@ FLUSHED = (
     "(When there are running or waiting requests, the operation will not be performed.)\n"
 )
 PAUSE_MODES = ("abort", "retract", "in_place")
+# 0.5.22+: an update whose flush finds requests pending (scheduler_components/weight_updater.py).
+FLUSH_REFUSED = ("Weights were updated, but the cache was not flushed because requests are still running or "
+                 "queued. Retract or finish them, then call /flush_cache.")
 
 
 def empty(status: int = 200, text: str = "") -> web.Response:
@@ -49,7 +52,13 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def get_load(request: web.Request) -> web.Response:
+    if request.app[SIM_STATE].config.since("0.5.21"):  # the deprecated shim is gone
+        raise web.HTTPNotFound()
     return json_response(info.load(request.app[SIM_STATE]))
+
+
+async def v1_loads(request: web.Request) -> web.Response:
+    return json_response(info.loads(request.app[SIM_STATE]))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -126,7 +135,10 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         else f"Failed to get weights iterator: Cannot find any model weights with `{path}`."
     )
     if ok and flush_would_crash(sim, body):
-        return crash_scheduler(sim)
+        if not sim.config.since("0.5.22"):
+            return crash_scheduler(sim)
+        sim.weights_path = path  # updated; the flush (and the tokenizer's version bump) skipped
+        return json_response({"success": False, "message": FLUSH_REFUSED, "num_paused_requests": 0}, 400)
     if ok:
         _load_weights(sim, path, body)
         if body.get("weight_version") is not None:
@@ -234,6 +246,7 @@ ROUTES = (
     ("GET", "/get_server_info", server_info),
     ("GET", "/v1/models", models),
     ("GET", "/get_load", get_load),
+    ("GET", "/v1/loads", v1_loads),
     ("GET", "/metrics", metrics),
     ("GET", "/get_weight_version", weight_version_gone),
     ("GET", "/weight_version", weight_version_gone),

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 # real 4096-token server reports max_req_input_len 4090.
 MAX_REQ_INPUT_RESERVE = 6
 VERSION = "0.5.17"
+# API generations the simulator can mimic (--sglang-version): 0.5.17 is verified against the golden
+# recordings; the others follow the released source (README "SGLang versions").
+VERSIONS = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,16 @@ class SimConfig:
     # Tests of output parsing: every unconstrained sequence writes this text, then EOS (as a model
     # that answers with it; max_new_tokens still cuts it). None: the usual sampled text.
     scripted_output: str | None = None
+    # The SGLang release whose API the simulator speaks (and reports as server_info `version`).
+    sglang_version: str = VERSION
+
+    def __post_init__(self) -> None:
+        if self.sglang_version not in VERSIONS:
+            raise ValueError(f"sglang_version must be one of {', '.join(VERSIONS)}, got {self.sglang_version!r}")
+
+    def since(self, release: str) -> bool:
+        """The simulated SGLang is `release` or newer (what changed in it applies)."""
+        return VERSIONS.index(self.sglang_version) >= VERSIONS.index(release)
 
     @property
     def model_name(self) -> str:

@@ -52,11 +52,20 @@ async def _decode_loop(seq: Sequence, sim: SimState) -> AsyncIterator[None]:
             await _wait_resumed(seq, sim)
             continue
         else:
+            before = len(seq.output_ids)
             seq.step()
+            if len(seq.output_ids) > before and sim.config.since("0.5.19"):
+                _note_version(seq, sim.weight_version, before)
         yield
         if seq.finished:
             return
         await _pace(seq, sim)
+
+
+def _note_version(seq: Sequence, version: str, start: int) -> None:
+    """0.5.19's scheduler records which weights sampled each output token (meta_info.weight_versions)."""
+    if not seq.version_starts or seq.version_starts[-1][0] != version:
+        seq.version_starts.append((version, start))
 
 
 async def _wait_admitted(seq: Sequence, sim: SimState) -> None:

@@ -40,10 +40,10 @@ class BadRequest(SimError):
 
 
 class ContractError(SimError):
-    """SGLang 0.5.23's schema gate (unknown sampling key): 400 {"error": "<text>"}.
+    """SGLang 0.5.22+'s schema gate (unknown sampling key): 400 {"error": "<text>"}.
 
-    0.5.17 answers the same request with a bare 500 (SamplingParams(**kwargs)
-    raises TypeError); the simulator follows the newer, more useful behaviour.
+    0.5.17-0.5.21 answer the same request with a bare 500 (SamplingParams(**kwargs)
+    raises TypeError): the simulator does so in those modes (SimConfig.sglang_version).
     """
 
     def __init__(self, message: str):

@@ -51,15 +51,19 @@ def parse_generate(body, config: SimConfig, encode) -> GenerateCall:
     _check_body_types(body)
     raw_params = body.get("sampling_params") or {}
     for raw in raw_params if isinstance(raw_params, list) else [raw_params]:
-        check_known_keys(raw)
+        check_known_keys(raw, config)
     prompts, is_single = _prompts(body, encode)
     n = _parallel_sample_num(raw_params)
     rids = _logical_rids(body.get("rid"), len(prompts), is_single and n == 1)
     extra_keys = _extra_keys(body.get("extra_key"), len(prompts))
+    if config.since("0.5.18"):  # cache_salt: its own radix-key part (0.5.17 ignores the key)
+        salts = _extra_keys(body.get("cache_salt") or None, len(prompts), "cache_salt")
+        extra_keys = [k if s is None else f"{k or ''}\x00salt:{s}" for k, s in zip(extra_keys, salts)]
     items = [replace(_item(body, i, prompt, rids[i], raw_params, config), extra_key=extra_keys[i])
              for i, prompt in enumerate(prompts)]
     _check_vocab(prompts, config.model_vocab_size)
-    sequences = with_forced_outputs(_expand(items, n), encode, config.scripted_output)
+    sequences = with_forced_outputs(_expand(items, n, prefixed=not config.since("0.5.18")), encode,
+                                    config.scripted_output)
     return GenerateCall(
         sequences=sequences, stream=bool(body.get("stream")), is_batch=not (is_single and n == 1)
     )
@@ -78,15 +82,16 @@ def _prompts(body: dict, encode) -> tuple[list[list[int]], bool]:
     return [encode(t) for t in ([text] if single else text)], single
 
 
-def _extra_keys(extra_key, batch_size: int) -> list[str | None]:
-    """GenerateReqInput._normalize_extra_key: one string for every prompt, or one per prompt."""
+def _extra_keys(extra_key, batch_size: int, name: str = "extra_key") -> list[str | None]:
+    """GenerateReqInput._normalize_extra_key (and 0.5.18's _normalize_cache_salt): one string for
+    every prompt, or one per prompt."""
     if extra_key is None or isinstance(extra_key, str):
         return [extra_key] * batch_size
     if isinstance(extra_key, list):
         if len(extra_key) != batch_size:
-            raise BadRequest("The length of extra_key should be equal to the batch size.")
+            raise BadRequest(f"The length of {name} should be equal to the batch size.")
         return list(extra_key)
-    raise BadRequest("extra_key should be a list or a string.")
+    raise BadRequest(f"{name} should be a list or a string.")
 
 
 def _parallel_sample_num(raw_params) -> int:
@@ -115,6 +120,9 @@ def _item(body: dict, i: int, prompt: list[int], rid: str, raw_params, config: S
     raw = (raw_params[i] if i < len(raw_params) else {}) if isinstance(raw_params, list) else raw_params
     _check_context(len(prompt), raw.get("max_new_tokens"), config.context_length)
     params = parse_sampling_params(raw, config.model_vocab_size)
+    seed = params.sampling_seed
+    if seed is not None and config.since("0.5.21") and not -(2**63) <= seed <= 2**63 - 1:
+        raise BadRequest(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
     if not config.enable_deterministic_inference:
         params = replace(params, sampling_seed=None)  # accepted, then ignored, as in SGLang
     requested = params.max_new_tokens if params.max_new_tokens is not None else 1 << 30
@@ -183,15 +191,17 @@ def _check_vocab(prompts: list[list[int]], vocab_size: int) -> None:
         raise ModelCrash("input id outside the embedding table")
 
 
-def _expand(items: list[SequenceSpec], n: int) -> list[SequenceSpec]:
-    """n > 1: SGLang makes n children per item, rid "<logical>_<uuid>", index item * n + k."""
+def _expand(items: list[SequenceSpec], n: int, prefixed: bool) -> list[SequenceSpec]:
+    """n > 1: SGLang makes n children per item, index item * n + k, rid "<logical>_<uuid>" (0.5.17:
+    an abort of the logical rid reaches them) or, from 0.5.18, a bare uuid (an abort of it does not)."""
     if n == 1:
         return items
-    return [_child(item, item.index * n + k) for item in items for k in range(n)]
+    return [_child(item, item.index * n + k, prefixed) for item in items for k in range(n)]
 
 
-def _child(item: SequenceSpec, index: int) -> SequenceSpec:
-    return replace(item, rid=f"{item.logical_rid}_{uuid.uuid4().hex}", index=index)
+def _child(item: SequenceSpec, index: int, prefixed: bool) -> SequenceSpec:
+    child = uuid.uuid4().hex
+    return replace(item, rid=f"{item.logical_rid}_{child}" if prefixed else child, index=index)
 
 
 def _check_body_types(body) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from token_proxy.simulator.config import VERSION
 from token_proxy.simulator.state import SimState
 
 # The real value depends on GPU memory; the golden H200 server reported this.
@@ -44,7 +43,7 @@ def server_info(sim: SimState, host: str, port: int) -> dict:
                 "effective_max_running_requests_per_dp": sim.config.max_running_requests or 4096,
             }
         ],
-        "version": VERSION,
+        "version": sim.config.sglang_version,
     }
 
 
@@ -91,6 +90,20 @@ def models_list(sim: SimState) -> dict:
     }
     adapters = sim.lora.cards(name, int(sim.started_at)) if sim.config.enable_lora else []
     return {"object": "list", "data": [card, *adapters]}
+
+
+def loads(sim: SimState) -> dict:
+    """/v1/loads?include=core (every version; /get_load was its shim until 0.5.21)."""
+    waiting = sum(1 for s in sim.running.values() if not s.started)
+    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values())
+    core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(sim.running) - waiting,
+            "num_waiting_reqs": waiting, "num_waiting_uncached_tokens": 0, "num_used_tokens": used,
+            "num_total_tokens": MAX_TOTAL_NUM_TOKENS, "num_active_tokens": MAX_TOTAL_NUM_TOKENS,
+            "num_prealloc_ready_tokens": 0, "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
+            "max_running_requests": sim.config.max_running_requests or 4096, "token_usage": 0.0,
+            "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0}
+    return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+            "version": sim.config.sglang_version, "accelerator": "cuda", "num_accelerators": 1, "loads": [core]}
 
 
 def load(sim: SimState) -> list[dict]:

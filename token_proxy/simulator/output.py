@@ -15,6 +15,7 @@ from token_proxy.simulator.sequence import Sequence
 def final_payload(seq: Sequence, weight_version: str) -> dict:
     meta = _meta_info(seq, weight_version, final=True)
     _finish_times(meta, seq)
+    _weight_versions(meta, seq)
     return _with_extras(
         {"text": seq.final_text(), "output_ids": list(seq.output_ids), "meta_info": meta}, seq
     )
@@ -27,6 +28,7 @@ def stream_event(seq: Sequence, weight_version: str, incremental: bool, with_ind
     meta = _meta_info(seq, weight_version, final=final, output_from=output_from)
     if final:
         _finish_times(meta, seq)
+        _weight_versions(meta, seq)
     elif not seq.timing.first_sent:
         seq.timing.first_sent = meta["response_sent_to_client_ts"] = time.time()
     event = {
@@ -84,6 +86,15 @@ def _finish_times(meta: dict, seq: Sequence) -> None:
         meta["decode_throughput"] = (completion - 1) / decode_s
     if not timing.first_sent:
         meta["response_sent_to_client_ts"] = time.time()
+
+
+def _weight_versions(meta: dict, seq: Sequence) -> None:
+    """0.5.19+ (utils/weight_versions.py add_weight_versions_to_meta_info): exact spans on the final reply."""
+    if not seq.version_starts:
+        return
+    ends = [start for _, start in seq.version_starts[1:]] + [len(seq.output_ids)]
+    meta["weight_versions"] = [{"version": v, "start": s, "end": e} for (v, s), e in zip(seq.version_starts, ends)]
+    meta["weight_version"] = seq.version_starts[-1][0]
 
 
 def _with_extras(body: dict, seq: Sequence) -> dict:

@@ -73,11 +73,19 @@ class SamplingParams:
         return max(map(len, self.stop), default=0)
 
 
-def check_known_keys(raw: dict) -> None:
-    """SGLang 0.5.23's contract gate; 0.5.17 would answer a bare 500 instead."""
+# Keys later releases added to the wire contract (api/v1/api_types.py _FIELDS_SamplingParams order).
+ADDED_KEYS = (("0.5.19", "beam_width"), ("0.5.22", "watermark"), ("0.5.23", "choice"))
+
+
+def check_known_keys(raw: dict, config) -> None:
+    """An unknown key: 0.5.22+'s contract gate answers 400 naming it; before, SamplingParams(**kw)
+    raises TypeError, a bare 500 (golden err_unknown_sampling_param)."""
+    known = KNOWN_KEYS + tuple(key for release, key in ADDED_KEYS if config.since(release))
     for key in raw:
-        if key not in KNOWN_KEYS:
-            listed = ", ".join(f"`{k}`" for k in KNOWN_KEYS)
+        if key not in known:
+            if not config.since("0.5.22"):
+                raise InternalServerError(key)
+            listed = ", ".join(f"`{k}`" for k in known)
             raise ContractError(f"unknown field `{key}`, expected one of {listed}")
 
 

@@ -43,6 +43,7 @@ class Sequence:
         self.timing = Timing(received=received, dispatched=time.time())
         self.logprobs = LogprobRecord(spec.logprobs, vocab) if spec.logprobs else None
         self.sent_ids = self.sent_text = 0  # what stream events already carried
+        self.version_starts: list[tuple[str, int]] = []  # 0.5.19+: (weight version, first output token)
         self._vocab, self._rng, self._eos_id = vocab, rng, eos_ids[0]
         params = spec.params
         self._stop_ids = frozenset() if params.ignore_eos else params.stop_token_ids | frozenset(eos_ids)

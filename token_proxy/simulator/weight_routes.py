@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from token_proxy.simulator import params
-from token_proxy.simulator.admin_routes import _body, _drain, crash_scheduler, flush_would_crash
+from token_proxy.simulator.admin_routes import (
+    FLUSH_REFUSED,
+    _body,
+    _drain,
+    crash_scheduler,
+    flush_would_crash,
+)
 from token_proxy.simulator.errors import json_response
 from token_proxy.simulator.state import SIM_STATE, SimState
 
@@ -79,10 +85,12 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
         _load(weights, body["names"], tensors)
     except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
         return _result(False, UPDATE_FAILED.format(exc))
-    if flush_would_crash(sim, body):
+    if flush_would_crash(sim, body) and not sim.config.since("0.5.22"):
         return crash_scheduler(sim)
     weights.updates.append({"names": list(body["names"]), "weight_version": body.get("weight_version")})
     sim.weights_path = f"distributed:{params.digest(tensors)}"
+    if flush_would_crash(sim, body):  # 0.5.22+: updated, flush (and version) skipped
+        return _result(False, FLUSH_REFUSED)
     return _result(True, "Succeeded to update parameter online." + _after_update(sim, body))
 
 

@@ -33,7 +33,7 @@ from typing import NoReturn
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, InvalidRequest
-from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes
+from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.proxy.admin.workers import AdminPlane, WorkerFailed, WorkerReply, failure_status
 from token_proxy.proxy.http_io import json_response
 
@@ -86,8 +86,8 @@ async def update_from_disk(plane: AdminPlane, path: str, version: str | None, ac
     before_version, before_path = plane.version, plane.loaded_path
     bodies = await safe_flush(plane, [{"model_path": path, "flush_cache": True, "weight_version": version}]
                               * len(urls), urls)
-    replies = await plane.fan_out("POST", "/update_weights_from_disk", bodies,
-                                  plane.settings.weight_update_timeout_s, urls)
+    replies = await settle_refusals(plane, await plane.fan_out(
+        "POST", "/update_weights_from_disk", bodies, plane.settings.weight_update_timeout_s, urls), version)
     results = await _verify(plane, urls, replies, version, verify_checksum)
     if all(r.ok for r in results):
         plane.record_version(version)
@@ -166,6 +166,7 @@ async def _reload(plane: AdminPlane, url: str, body: dict) -> WorkerReply:
         if reply.ok:
             (flushable,) = await safe_flush(plane, [body], [url])
             (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable, left, [url])
+    (reply,) = await settle_refusals(plane, [reply], body.get("weight_version"))
     return reply
 
 

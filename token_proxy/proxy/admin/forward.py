@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.proxy.admin import checks as check
-from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes
+from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.proxy.admin.workers import (
     ADMIN,
     AdminPlane,
@@ -161,6 +161,8 @@ def forwarder(row: Forward):
         bodies = await row.prepare(plane, body, urls) if row.prepare else (raw or None)
         path = request.path_qs if request.query_string else row.path
         replies = await plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+        if row.prepare in (disk_bodies, tensor_bodies):  # SGLang 0.5.22+: updated, flush refused
+            replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
         if row.after:
             row.after(plane, body, replies)
         return sglang_reply(row.path, replies)

@@ -16,6 +16,7 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.proxy.admin import checks as check
 from token_proxy.proxy.admin import fleet, vllm_rl
+from token_proxy.proxy.admin.flush import read_pending
 from token_proxy.proxy.admin.forward import (
     add_forward_routes,
     add_passthrough,
@@ -156,10 +157,10 @@ async def init_broadcaster(request: web.Request) -> web.Response:
 
 
 async def liveness(request: web.Request) -> web.Response:
-    """Every worker's scheduler answers (/get_load goes through it, paused or not) within 10 s."""
+    """Every worker's scheduler answers (/v1/loads goes through it, paused or not) within 10 s."""
     plane = request.app[ADMIN]
     try:
-        replies = await plane.fan_out("GET", "/get_load", None, LIVENESS_TIMEOUT_S)
+        replies = await read_pending(plane, await plane.worker_urls(), LIVENESS_TIMEOUT_S)
     except ProxyError as exc:
         return json_response({"status": "engine_unresponsive", "message": exc.message}, status=503)
     dead = [r for r in replies if not r.ok]

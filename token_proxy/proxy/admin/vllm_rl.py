@@ -48,6 +48,7 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.proxy.admin import checks as check
 from token_proxy.proxy.admin import fleet
+from token_proxy.proxy.admin.flush import pending, read_pending
 from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone, note_pause
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, WorkerReply, raise_for_failures
 from token_proxy.proxy.http_io import json_response, read_json
@@ -147,7 +148,7 @@ async def abort_requests(request: web.Request) -> web.Response:
                                                                      timeout_s, urls)]
         count = len(ids)
     else:
-        count = sum(_pending(r) or 0 for r in await plane.fan_out("GET", "/get_load", None, timeout_s, urls))
+        count = sum(pending(r) or 0 for r in await read_pending(plane, urls, timeout_s))
         replies = await plane.fan_out("POST", "/abort_request", {"abort_all": True}, timeout_s, urls)
     raise_for_failures("abort_requests", replies)
     return json_response({"status": "aborted", "aborted": count})
@@ -180,8 +181,8 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
     if state.released:
         raise fleet.Conflict("release_kv_cache_memory() requires all executor memory to be resident")
     await _check_can_release(plane, urls, "abort", need_cpu_backup=False)
-    loads = await plane.fan_out("GET", "/get_load", None, fleet.READ_TIMEOUT_S, urls)
-    busy = [r.url for r in loads if _pending(r) != 0]
+    loads = await read_pending(plane, urls, fleet.READ_TIMEOUT_S)
+    busy = [r.url for r in loads if pending(r) != 0]
     if busy:
         raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first: requests are still "
                              f"held on {', '.join(busy)} (SGLang releases memory only when idle)")
@@ -455,11 +456,11 @@ async def server_infos(plane: AdminPlane, urls: list[str]) -> list[dict]:
 
 
 async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str) -> None:
-    """Until no worker runs or queues a request (/get_load), or 504."""
+    """Until no worker runs or queues a request (/v1/loads), or 504."""
     deadline = time.monotonic() + timeout_s
     while True:
-        loads = await plane.fan_out("GET", "/get_load", None, fleet.READ_TIMEOUT_S, urls)
-        busy = [r.url for r in loads if _pending(r) != 0]
+        loads = await read_pending(plane, urls, fleet.READ_TIMEOUT_S)
+        busy = [r.url for r in loads if pending(r) != 0]
         if not busy:
             return
         if time.monotonic() >= deadline:
@@ -473,12 +474,6 @@ async def flush_or_owe(plane: AdminPlane, urls: list[str]) -> None:
     for reply in replies:
         if reply.status != 200:
             plane.owed_flushes.add(reply.url)
-
-
-def _pending(reply: WorkerReply) -> int | None:
-    if not reply.ok or not isinstance(reply.body, list):
-        return None
-    return sum((dp.get("num_reqs") or 0) + (dp.get("num_waiting_reqs") or 0) for dp in reply.body)
 
 
 def _mode(value: str) -> str:

@@ -21,6 +21,7 @@ from aiohttp import web
 from token_proxy.errors import BackendUnavailable, ProxyError
 from token_proxy.proxy.ops.access_log import adopt_library_loggers
 from token_proxy.proxy.upstream.client import SGLangClient
+from token_proxy.schemas.sglang_api import KNOWN_RANGE, VERIFIED_FEATURES, SGLangFeatures, features_for
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import TokenizerInfo, describe_tokenizer, load_tokenizer
 from token_proxy.tokenization.renderer import PromptRenderer
@@ -48,6 +49,8 @@ class BackendInfo:
     # KV capacity (tokens) and page size: vLLM's cache_config_info as num_gpu_blocks x block_size.
     max_total_num_tokens: int | None = None
     page_size: int = 1
+    # The API generation (server_info `version`): what differs between SGLang releases (sglang_api.py).
+    api: SGLangFeatures = VERIFIED_FEATURES
 
 
 async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
@@ -69,10 +72,13 @@ async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
         honours_seed=bool(server_info.get("enable_deterministic_inference")),
         max_total_num_tokens=_positive_int(server_info.get("max_total_num_tokens")),
         page_size=_positive_int(server_info.get("page_size")) or 1,
+        api=features_for(server_info.get("version")),
     )
     if not info.incremental_stream:
         log.warning("SGLang streams cumulatively (every event repeats the whole output): the proxy "
                     "does O(n^2) work per stream. Start SGLang with --incremental-streaming-output.")
+    if not info.api.exact:
+        log.warning("%s: the proxy knows SGLang %s to %s", info.api.describe(), *KNOWN_RANGE)
     return info
 
 
@@ -215,8 +221,8 @@ async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monoto
             problem = await ctx.client.health_problem()
             if problem is None:
                 ctx.set_engine(await _engine(ctx))
-                log.info("serving %s (context %d) from %s", ctx.backend.served_model_name,
-                         ctx.backend.max_model_len, ctx.client.base_url)
+                log.info("serving %s (context %d) from %s: %s", ctx.backend.served_model_name,
+                         ctx.backend.max_model_len, ctx.client.base_url, ctx.backend.api.describe())
                 return
             ctx.last_error = f"its /health: {problem}"
         except (ProxyError, RuntimeError, OSError, ValueError) as exc:
