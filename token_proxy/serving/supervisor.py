@@ -31,7 +31,7 @@ def serve_workers(settings: Settings) -> int:
     """Blocks until the proxy stops; returns the exit status."""
     if os.environ.pop(MULTIPROC_ENV, None):  # the supervisor keeps its metrics in memory
         log.warning("%s is ignored: --workers uses a fresh directory of its own", MULTIPROC_ENV)
-    run_dir = Path(tempfile.mkdtemp(prefix="token-proxy-"))
+    run_dir = Path(tempfile.mkdtemp(prefix=f"token-proxy-{os.getpid()}-"))
     try:
         (run_dir / "metrics").mkdir()
         (run_dir / "settings.pickle").write_bytes(pickle.dumps(settings))
