@@ -26,6 +26,8 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
+)
+from prometheus_client import (
     multiprocess as prom_multiprocess,
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
