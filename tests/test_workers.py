@@ -249,3 +249,29 @@ async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
     with pytest.raises((aiohttp.ClientError, OSError)):
         await call("GET", proxy.url + "/health")
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"token-proxy-{proxy.proc.pid}-*"))  # run dir
+
+
+def test_a_worker_that_dies_ends_the_whole_proxy(tokenizer_dir, tmp_path):
+    port = free_port()
+    log = tmp_path / "stderr.log"
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "token_proxy", "--workers", "2", "--host", "127.0.0.1",
+                                 "--port", str(port), "--tokenizer", str(tokenizer_dir), "--log-format", "json"],
+                                stdout=sink, stderr=sink)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children(proc.pid)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        kids = children(proc.pid)
+        worker = next(pid for pid, cmd in kids.items() if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1")
+        os.kill(worker, signal.SIGKILL)
+        assert proc.wait(30) == 1
+        assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()]
+        errors = [line["message"] for line in map(json.loads, log.read_text().splitlines())
+                  if line.get("level") == "error"]
+        assert errors == [f"worker 1 (pid {worker}) exited with status -9: stopping the proxy"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
