@@ -177,6 +177,14 @@ async def test_pause_through_one_worker_holds_requests_on_every_worker(proxy):
     assert await call("GET", proxy.url + "/is_paused") == (200, {"is_paused": False})
 
 
+async def test_the_owners_internal_routes_are_not_reachable_through_a_worker(proxy):
+    for _ in range(4):
+        status, reply = await call("POST", proxy.url + "/_internal/adapters",
+                                   json={"worker": 0, "seq": 10**9, "seen": 0, "held": []})
+        assert status == 404, reply
+        assert reply["error"]["type"] == "NotFoundError"
+
+
 async def test_lora_loaded_through_one_worker_is_sampled_through_both(proxy, tmp_path):
     status, reply = await call("POST", proxy.url + "/v1/load_lora_adapter",
                                json={"lora_name": "policy", "lora_path": str(write_adapter(tmp_path, "step_1"))})

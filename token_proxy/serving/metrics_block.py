@@ -6,7 +6,7 @@ text block each worker appends:
 - the `vllm:` view and its health (the owner alone reads SGLang's /metrics: one scrape, not N);
 - token_proxy_weight_version{,_info} (a label per version must not live in multiprocess files, where
   old label values never disappear);
-- token_proxy_lora_adapter_* (the owner's registry);
+- token_proxy_lora_adapter_loaded_timestamp_seconds (the owner's registry);
 - process_* summed over the supervisor and every worker, and python_info (prometheus-client's own
   process collector reads one pid, and does not work in multiprocess mode).
 """
@@ -26,8 +26,10 @@ from token_proxy.proxy.ops.metrics import METRICS
 
 log = logging.getLogger(__name__)
 
+# Not token_proxy_lora_adapter_requests_in_flight: the owner's registry counts the workers' holds
+# (adapter_sync.py), not requests; with --workers N that series is left out.
 OWNER_FAMILIES = ("vllm:", "token_proxy_backend_metrics_", "token_proxy_weight_version",
-                  "token_proxy_lora_adapter_", "python_info")
+                  "token_proxy_lora_adapter_loaded_timestamp_seconds", "python_info")
 WORKER_PIDS = web.AppKey("worker_pids", list)
 CONTROL_SESSION = web.AppKey("control_session", aiohttp.ClientSession)
 BLOCK_TIMEOUT_S = 2.0

@@ -11,7 +11,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from token_proxy.errors import BackendUnavailable
+from token_proxy.errors import BackendUnavailable, NotFound
 from token_proxy.proxy.admin.lora import LORA
 from token_proxy.proxy.admin.lora_registry import ADAPTERS, AdapterRegistry
 from token_proxy.proxy.admin.routes import add_admin_routes
@@ -57,6 +57,11 @@ async def forward_to_owner(request: web.Request) -> web.StreamResponse:
         return response
 
 
+async def internal_only(request: web.Request) -> web.StreamResponse:
+    """The owner's /_internal/ routes are for workers, never forwarded for a client."""
+    raise NotFound(f"{request.path} is not a route of this server")
+
+
 class RemoteLora:
     """What the data path needs of LoraAdmin (retry_if_lost): ask the owner to re-load lost adapters."""
 
@@ -76,6 +81,7 @@ def add_worker_plane(app: web.Application) -> None:
         if isinstance(resource, web.PlainResource):
             for route in resource:
                 app.router.add_route(route.method, resource.canonical, forward_to_owner)
+    app.router.add_route("*", "/_internal/{tail:.*}", internal_only)
     app.router.add_route("*", "/{tail:.*}", forward_to_owner)
     app.cleanup_ctx.append(_worker_state)
 
