@@ -56,7 +56,7 @@ class ProcessTreeCollector:
 
     def collect(self):
         totals: dict[str, tuple[Metric, dict[str, float]]] = {}
-        for n, pid in enumerate(self.pids()):
+        for pid in self.pids():
             for family in ProcessCollector(pid=lambda p=pid: p, registry=None).collect():
                 _, values = totals.setdefault(family.name, (family, {}))
                 for sample in family.samples:
@@ -64,7 +64,7 @@ class ProcessTreeCollector:
                         values[sample.name] = sample.value
                     elif sample.name.endswith("start_time_seconds"):
                         values[sample.name] = min(values[sample.name], sample.value)
-                    elif not sample.name.endswith("max_fds") and n:
+                    elif not sample.name.endswith("max_fds"):
                         values[sample.name] += sample.value
         for family, values in totals.values():
             merged = Metric(family.name, family.documentation + " (summed over the proxy's processes)",
