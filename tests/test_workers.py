@@ -160,6 +160,23 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
         assert float(samples['token_proxy_backend_metrics_up']) == 1.0
 
 
+async def test_session_metrics_are_one_total_across_workers(proxy):
+    """The session store is per worker (a turn on another worker falls back to a full render); its
+    collector's counters are mirrored into the multiprocess files, so /metrics sums them."""
+    for n in range(SPREAD):
+        status, reply = await call("POST", proxy.url + "/v1/chat/completions", headers={"X-Session-ID": f"s{n}"},
+                                   json={"messages": USER, "max_tokens": 2, "ignore_eos": True})
+        assert status == 200, reply
+    await asyncio.sleep(1.5)  # every worker's mirror interval (1 s)
+    for _ in range(4):
+        _, text = await call("GET", proxy.url + "/metrics")
+        samples = [line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("token_proxy_session_")]
+        turns = sum(float(v) for k, v in samples if k.startswith(("token_proxy_session_hits_total",
+                                                                 "token_proxy_session_fallbacks_total")))
+        assert turns == SPREAD, samples
+        assert float(dict(samples)["token_proxy_session_active"]) == SPREAD
+
+
 async def test_pause_through_one_worker_holds_requests_on_every_worker(proxy):
     status, reply = await call("POST", proxy.url + "/pause")
     assert (status, reply) == (200, {"status": "paused"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from functools import partial
 
@@ -31,6 +32,7 @@ from prometheus_client import (
     multiprocess as prom_multiprocess,
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics import MetricWrapperBase
 
 from token_proxy.errors import ProxyError
 from token_proxy.proxy.ops.access_log import add_request_id_header, log_request
@@ -67,13 +69,75 @@ RENDER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 WEIGHT_UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 720, 1800)
 
 
+MIRROR_INTERVAL_S = 1.0
+
+
+class WorkerRegistry(CollectorRegistry):
+    """A --workers process's registry: its metric objects write multiprocess files; other collectors
+    (those that read the process's own state at scrape time, such as the session store's) are kept
+    aside for CollectorMirror."""
+
+    def __init__(self):
+        super().__init__(auto_describe=True)
+        self.custom: list = []
+
+    def register(self, collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self.custom.append(collector)
+
+
+class CollectorMirror:
+    """prometheus-client's multiprocess mode merges only its own metric objects' files. With --workers,
+    a custom collector's families are copied into multiprocess metrics of the same names (every
+    MIRROR_INTERVAL_S, and before a scrape): counters by their increase (summed over workers), gauges
+    as the live sum. Another worker's values are at most that interval old."""
+
+    def __init__(self, collectors: list):
+        self.collectors = collectors
+        self._metrics: dict[tuple[str, str], object] = {}
+        self._seen: dict[tuple, float] = {}
+        self._lock = threading.Lock()  # the scrape syncs in a thread, the loop on its interval
+
+    def sync(self) -> None:
+        with self._lock:
+            for collector in list(self.collectors):
+                for family in collector.collect():
+                    if family.type in ("counter", "gauge") and family.samples:
+                        self._copy(family)
+
+    def _copy(self, family) -> None:
+        labelnames = tuple(family.samples[0].labels)
+        metric = self._metrics.get((family.name, family.type))
+        if metric is None:
+            if family.type == "counter":
+                metric = Counter(family.name, family.documentation, labelnames, registry=None)
+            else:
+                metric = Gauge(family.name, family.documentation, labelnames, registry=None,
+                               multiprocess_mode="livesum")
+            self._metrics[(family.name, family.type)] = metric
+        for sample in family.samples:
+            if tuple(sample.labels) != labelnames or (family.type == "counter" and not sample.name.endswith("_total")):
+                continue
+            values = tuple(sample.labels.values())
+            child = metric.labels(*values) if labelnames else metric
+            if family.type == "gauge":
+                child.set(sample.value)
+                continue
+            increase = sample.value - self._seen.get((sample.name, values), 0.0)
+            if increase > 0:
+                child.inc(increase)
+                self._seen[(sample.name, values)] = sample.value
+
+
 class ProxyMetrics:
     """Every metric of one proxy application, registered in its own registry."""
 
     def __init__(self, model_name: str = "", stale_after_s: float = 10.0, multiprocess: bool = False):
         # multiprocess: a --workers process; its values live in PROMETHEUS_MULTIPROC_DIR's files.
         self.multiprocess = multiprocess
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry = WorkerRegistry() if multiprocess else CollectorRegistry(auto_describe=True)
+        self.mirror = CollectorMirror(self.registry.custom) if multiprocess else None
         reg = self.registry
         counter, gauge, histogram = (partial(cls, registry=reg) for cls in (Counter, Gauge, Histogram))
         route, timed = ["endpoint"], ["endpoint", "stream"]
@@ -204,6 +268,7 @@ class ProxyMetrics:
         """The exposition text of this process's metrics (with --workers: of every worker's files)."""
         if not self.multiprocess:
             return generate_latest(self.registry)
+        self.mirror.sync()
         merged = CollectorRegistry()
         prom_multiprocess.MultiProcessCollector(merged)
         return generate_latest(merged)
@@ -357,3 +422,23 @@ def add_observability(app: web.Application) -> None:
     app.on_response_prepare.append(add_request_id_header)
     if not multiproc:  # with --workers, the owner alone reads SGLang's /metrics
         app.cleanup_ctx.append(backend_metrics)
+    else:
+        app.cleanup_ctx.append(_mirror_collectors)
+
+
+async def _mirror_collectors(app: web.Application):
+    """--workers: keep this worker's custom collectors' values in the multiprocess files (CollectorMirror)."""
+    mirror = app[METRICS].mirror
+
+    async def forever() -> None:
+        while True:
+            await asyncio.sleep(MIRROR_INTERVAL_S)
+            try:
+                mirror.sync()
+            except Exception:  # a collector's bug must not end the loop
+                log.exception("copying a metrics collector into the multiprocess files failed")
+
+    task = asyncio.get_running_loop().create_task(forever())
+    yield
+    task.cancel()
+    mirror.sync()  # the last values, before this worker's files are marked dead
