@@ -115,9 +115,18 @@ def proxy(tokenizer_dir, tmp_path_factory):
         if status != 200:
             time.sleep(0.2)
     yield server
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM first: a killed supervisor would leave the simulator behind."""
     if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def test_a_busy_port_fails_at_once_even_for_another_workers_proxy(proxy):
@@ -297,6 +306,4 @@ def test_a_worker_that_dies_ends_the_whole_proxy(tokenizer_dir, tmp_path):
                   if line.get("level") == "error"]
         assert errors == [f"worker 1 (pid {worker}) exited with status -9: stopping the proxy"]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
