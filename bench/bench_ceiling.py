@@ -280,7 +280,17 @@ def start_proxy(backend: str, workers: int, extra: list[str]) -> tuple[subproces
            "--log-level", "warning", *extra]
     if workers != 1:
         cmd += ["--workers", str(workers)]
-    return start(cmd, url), url
+    proc = start(cmd, url)
+    if workers != 1:  # /health answered by one worker: wait until fresh connections find every one ready
+        ready = 0
+        while ready < 4 * workers:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    ready = ready + 1 if resp.status == 200 else 0
+            except OSError:
+                ready = 0
+                time.sleep(0.2)
+    return proc, url
 
 
 def start_simulator(tpot_ms: float, ttft_ms: float) -> tuple[subprocess.Popen, str]:

@@ -66,6 +66,8 @@ FLAG_GROUPS = (
     ("serving", (
         ("--host", "host", str, "address to listen on"),
         ("--port", "port", int, "port to listen on"),
+        ("--workers", "api_workers", int, ("serving processes sharing the port (SO_REUSEPORT), like vLLM's "
+         "--api-server-count; raise it when the proxy's CPU nears one core (README: Several workers)")),
         ("--tokenizer", "tokenizer", str, "tokenizer directory or Hugging Face id"),
         ("--served-model-name", "served_model_name", str, "the model name clients send and see"),
         ("--context-length", "context_length", int, "prompt + completion limit"),
@@ -284,11 +286,19 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level, settings.log_format)
     try:
         check_tokenizer_path(settings.tokenizer)
-        sock = bind_port(settings.host, settings.port)  # before anything starts: a busy port fails first
+        # Before anything starts: a busy port fails first. With --workers N the workers bind it
+        # (SO_REUSEPORT); this socket only claims it (and resolves port 0) meanwhile.
+        several = settings.api_workers > 1
+        sock = reserve_port(settings.host, settings.port) if several else bind_port(settings.host, settings.port)
+        settings = dataclasses.replace(settings, port=sock.getsockname()[1])
         with sock, contextlib.ExitStack() as stack:
             if not settings.backend_url:
                 url = stack.enter_context(simulator_process(settings))
                 settings = dataclasses.replace(settings, backend_url=url)
+            if several:
+                from token_proxy.serving.supervisor import serve_workers
+
+                raise SystemExit(serve_workers(settings))
             serve(settings, sock)
     except StartupError as exc:
         log.error("token-proxy cannot start: %s", exc)
@@ -310,7 +320,25 @@ def bind_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings, sock: socket.socket) -> None:
+def reserve_port(host: str, port: int) -> socket.socket:
+    """--workers N: the port claimed but never listened on (this socket gets no connections); a busy
+    port fails here, once, before any worker starts. Bound *without* SO_REUSEPORT, so the bind fails
+    if anything holds the port, another --workers proxy included; SO_REUSEPORT is set after the bind
+    so that this proxy's workers (same user) can join it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(settings: Settings, sock: socket.socket, role=None) -> None:
     from aiohttp import web
 
     from token_proxy.proxy.app import create_app
@@ -321,7 +349,7 @@ def serve(settings: Settings, sock: socket.socket) -> None:
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
     fatal: list[str] = []
-    app = create_app(settings)
+    app = create_app(settings, role)
 
     def stop(message: str) -> None:  # a configuration error found while connecting: stop serving
         fatal.append(message)
@@ -329,8 +357,9 @@ def serve(settings: Settings, sock: socket.socket) -> None:
 
     app[ON_FATAL] = stop
     port = sock.getsockname()[1]
-    log.info("token-proxy listening on http://%s:%d/v1 -> %s (answering 503 until SGLang is connected)",
-             settings.host, port, settings.backend_url)
+    worker = f" (worker {role.index})" if role is not None and role.index is not None else ""
+    log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
+             settings.host, port, worker, settings.backend_url)
     web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
                 access_log=None, print=None)
     if fatal:  # already logged, in one line, where it was found

@@ -93,9 +93,16 @@ class Settings:
     # counter, a rate-limited warning); this refuses it instead (400 naming `seed`).
     require_honoured_seed: bool = False
 
+    # --- serving processes (--workers; not `workers`, the SGLang URLs above) -----------------------
+    # Data-plane processes sharing the port (SO_REUSEPORT). 1: one process, exactly as before. N > 1:
+    # a supervisor owns the admin plane and the vllm: view; token_proxy/serving/ says how.
+    api_workers: int = 1
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if not 1 <= self.api_workers <= 256:
+            raise ValueError(f"--workers must be in 1..256, got {self.api_workers}")
         if self.tokenizer_threads < 1:
             raise ValueError("tokenizer_threads must be >= 1")
         if self.context_length is not None and self.context_length < 1:

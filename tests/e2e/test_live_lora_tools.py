@@ -29,10 +29,10 @@ def write_adapter(directory, model_path: str, rank: int = 4, seed: int = 0, conf
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for i in range(cfg["num_hidden_layers"]):
-        for m in outs:
+        for m, out_features in outs.items():
             p = f"base_model.model.model.layers.{i}.self_attn.{m}"
             tensors[f"{p}.lora_A.weight"] = (torch.randn(rank, ins[m], generator=gen) * 0.5).to(torch.bfloat16)
-            tensors[f"{p}.lora_B.weight"] = (torch.randn(outs[m], rank, generator=gen) * 0.5).to(torch.bfloat16)
+            tensors[f"{p}.lora_B.weight"] = (torch.randn(out_features, rank, generator=gen) * 0.5).to(torch.bfloat16)
     directory.mkdir(parents=True, exist_ok=True)
     safetensors_torch.save_file(tensors, str(directory / "adapter_model.safetensors"))
     if config:
@@ -60,7 +60,7 @@ async def generate(sglang, lora=None, **extra):
 
 
 async def test_lora_load_sample_unload(lora_sglang, tmp_path):
-    sglang, model_path, info = lora_sglang
+    sglang, model_path, _info = lora_sglang
     name = f"e2e-{uuid.uuid4().hex[:8]}"
     path = write_adapter(tmp_path / "a", model_path, seed=1)
 
@@ -101,7 +101,7 @@ async def test_lora_load_sample_unload(lora_sglang, tmp_path):
 
 
 async def test_lora_loads_that_fail(lora_sglang, tmp_path):
-    sglang, model_path, info = lora_sglang
+    sglang, model_path, _info = lora_sglang
     no_config = write_adapter(tmp_path / "nocfg", model_path, config=False)
     status, body = await sglang.post("/load_lora_adapter", {"lora_name": "nocfg", "lora_path": no_config})
     assert status == 400 and body["success"] is False

@@ -17,24 +17,42 @@ from token_proxy.proxy.routes import add_routes
 from token_proxy.proxy.sessions import add_sessions
 from token_proxy.proxy.upstream.client import SGLangClient
 from token_proxy.proxy.upstream.connection import CONTEXT, SETTINGS, ProxyContext, keep_connected
+from token_proxy.serving.role import OWNER, ROLE, WORKER, Role
 from token_proxy.settings import Settings
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, role: Role | None = None) -> web.Application:
+    """One process's app. `role` (token_proxy/serving/): None or single, everything here; a worker
+    (--workers N > 1), the data plane with admin routes forwarded to the owner; the owner, the whole
+    app behind a Unix socket that only workers reach (they checked the keys)."""
     if not settings.backend_url:
         raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
+    role = role or Role()
     # observe_requests first: it sees every final status, refusals by the others included.
     app = web.Application(middlewares=[observe_requests, openai_errors, access_control, admission_control],
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
-    app[ACCESS] = AccessPolicy(settings.api_key, settings.admin_key, settings.admin_open)
-    app[ADMISSION] = Admission(settings.max_concurrent_requests, settings.max_queued_requests,
-                               settings.queue_timeout_s)
+    app[ROLE] = role
+    if role.kind != OWNER:  # the owner's callers are the workers, which applied keys and limits
+        app[ACCESS] = AccessPolicy(settings.api_key, settings.admin_key, settings.admin_open)
+        app[ADMISSION] = Admission(settings.max_concurrent_requests, settings.max_queued_requests,
+                                   settings.queue_timeout_s)
     app.cleanup_ctx.append(_proxy_context)
     add_observability(app)  # after _proxy_context: the backend scrape uses its client
     add_sessions(app)  # after add_observability: its metrics go on that registry
     app.on_response_prepare.append(send_response_headers)
-    add_routes(app)
+    if role.kind == WORKER:
+        from token_proxy.serving.worker_app import add_worker_plane
+
+        add_routes(app, add_admin=add_worker_plane)
+    elif role.kind == OWNER:
+        from token_proxy.serving.control import add_control_routes, add_control_state
+
+        add_control_routes(app)  # before the admin plane's catch-all pass-through
+        add_routes(app)
+        add_control_state(app)
+    else:
+        add_routes(app)
     return app
 
 

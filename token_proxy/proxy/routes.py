@@ -93,7 +93,8 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
     return refuse
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, add_admin: Callable[[web.Application], None] = add_admin_routes) -> None:
+    """The table's routes, then the admin plane's (`add_admin`: a --workers process forwards them)."""
     for route in ROUTES:
         if route.handler is None:
             continue
@@ -103,4 +104,4 @@ def add_routes(app: web.Application) -> None:
         if "GET" in route.methods:
             app.router.add_route("HEAD", route.path, route.handler)
         app.router.add_route("*", route.path, method_not_allowed(allowed))
-    add_admin_routes(app)  # last: it ends with the catch-all pass-through to SGLang
+    add_admin(app)  # last: it ends with the catch-all pass-through to SGLang

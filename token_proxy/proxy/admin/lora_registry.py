@@ -59,6 +59,7 @@ class Lease:
 class AdapterRegistry:
     base_names: set[str] = field(default_factory=set)  # the served model name(s): never adapters
     on_idle: Callable[[Adapter], None] | None = None  # a retired adapter's last lease ended
+    on_change: Callable[[], None] | None = None  # the served set changed (serving/adapter_sync.py)
     _current: dict[str, Adapter] = field(default_factory=dict)
     _retired: dict[str, Adapter] = field(default_factory=dict)  # internal -> replaced, still leased
     _leases: Counter = field(default_factory=Counter)  # internal -> requests holding it
@@ -99,6 +100,11 @@ class AdapterRegistry:
         self._leases[adapter.internal] += 1
         return Lease(adapter, self)
 
+    def hold(self, adapter: Adapter) -> Lease:
+        """A lease on this exact adapter version (another process's hold on it: serving/adapter_sync.py)."""
+        self._leases[adapter.internal] += 1
+        return Lease(adapter, self)
+
     def in_use(self, adapter: Adapter) -> int:
         return self._leases[adapter.internal]
 
@@ -106,14 +112,22 @@ class AdapterRegistry:
         """Serve `adapter` under its name from now on; the one it replaces is retired (returned)."""
         old = self._current.get(adapter.name)
         self._current[adapter.name] = adapter
-        return self._retire(old) if old is not None else None
+        retired = self._retire(old) if old is not None else None
+        self._changed()
+        return retired
 
     def remove(self, name: str) -> Adapter:
         """Stop serving `name` (vLLM's 404 wording when it is not loaded); the adapter is retired."""
         adapter = self._current.pop(name, None)
         if adapter is None:
             raise NotFound(f"The lora adapter '{name}' cannot be found.")
-        return self._retire(adapter)
+        retired = self._retire(adapter)
+        self._changed()
+        return retired
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _retire(self, adapter: Adapter) -> Adapter:
         if self._leases[adapter.internal]:

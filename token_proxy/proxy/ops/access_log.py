@@ -1,7 +1,9 @@
 """One JSON line per request, the X-Request-Id header that names it, and the process's log setup.
 
 Log records leave the event loop through a queue: a thread does the writing, so a slow
-stderr (a full pipe, a blocked terminal) never stalls requests.
+stderr (a full pipe, a blocked terminal) never stalls requests. Each record leaves in one write(2)
+of the whole line: with --workers N several processes share stderr, and whole-line writes keep it
+one stream of lines (a pipe writes up to PIPE_BUF, 4 KiB, atomically; an O_APPEND file, any line).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ACCESS_LOGGER = "token_proxy.access"
 access_log = logging.getLogger(ACCESS_LOGGER)
 
 REQUEST_ID = web.RequestKey("request_id", str)
+# With --workers N: this process's worker number, in every access line ("worker").
+WORKER_INDEX = web.AppKey("worker_index", int)
 # Probes and scrapes would drown the requests that matter; they log at DEBUG.
 _QUIET_ENDPOINTS = frozenset({"/metrics", "/health"})
 
@@ -70,6 +74,9 @@ def log_request(request: web.Request, endpoint: str, status: int, stats: Request
         "prompt_cache_hit": stats.prompt_cache_hit,
         "client_disconnected": stats.client_disconnected,
     }
+    worker = request.app.get(WORKER_INDEX)
+    if worker is not None:
+        fields["worker"] = worker
     access_log.log(level, orjson.dumps(fields).decode(), extra={"access": fields})
 
 
@@ -102,10 +109,10 @@ def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 
     warnings (the same message template) are written once per `repeat_interval_s`, with a count."""
     # Advice meant for notebook users (e.g. "PyTorch was not found"): the proxy never needs torch.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    console = logging.StreamHandler(sys.stderr)
+    console = LineWriter(sys.stderr)
     console.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    access = logging.StreamHandler(sys.stderr)
+    access = LineWriter(sys.stderr)
     access.setFormatter(logging.Formatter("%(message)s"))
     access.addFilter(lambda record: record.name == ACCESS_LOGGER)
     console.addFilter(lambda record: record.name != ACCESS_LOGGER)
@@ -125,6 +132,28 @@ def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 
     listener.start()
     atexit.register(listener.stop)  # flushes what is still queued
     return listener
+
+
+class LineWriter(logging.StreamHandler):
+    """A StreamHandler that writes each record as one os.write of the whole line (several processes
+    share the stream: a buffered text stream may split a line between two writes)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            data = (self.format(record) + "\n").encode("utf-8", "replace")
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):  # no file descriptor (a test's StringIO): as usual
+            super().emit(record)
+            return
+        except Exception:  # noqa: BLE001 -- logging's own contract: report, never raise
+            self.handleError(record)
+            return
+        try:
+            self.stream.flush()  # anything written through the text layer first stays in order
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            self.handleError(record)
 
 
 def adopt_library_loggers() -> None:

@@ -1,9 +1,11 @@
 """The proxy's Prometheus metrics: one registry per application, one middleware that feeds it,
 and GET /metrics.
 
-Single-process design: the proxy is one aiohttp process (one event loop), so plain in-memory
-prometheus-client metrics are exact; no multiprocess directory is needed. Run one proxy per
-port and let Prometheus scrape each.
+One process (--workers 1, the default): plain in-memory prometheus-client metrics, exact.
+Several (--workers N): each worker counts in prometheus-client's multiprocess mode (the supervisor
+sets PROMETHEUS_MULTIPROC_DIR for the workers only) and renders the merged files; the series that
+must come from exactly one process (the vllm: view, the weight version, LoRA adapters, process_*)
+come from the admin owner as one text block (token_proxy/serving/metrics_block.py), appended.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from functools import partial
 
@@ -25,13 +28,18 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client import (
+    multiprocess as prom_multiprocess,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics import MetricWrapperBase
 
 from token_proxy.errors import ProxyError
 from token_proxy.proxy.ops.access_log import add_request_id_header, log_request
 from token_proxy.proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.upstream.context import CONTEXT, SETTINGS
+from token_proxy.serving.role import ROLE
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +69,82 @@ RENDER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 WEIGHT_UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 720, 1800)
 
 
+MIRROR_INTERVAL_S = 1.0
+
+
+class WorkerRegistry(CollectorRegistry):
+    """A --workers process's registry: its metric objects write multiprocess files; other collectors
+    (those that read the process's own state at scrape time, such as the session store's) are kept
+    aside for CollectorMirror."""
+
+    def __init__(self):
+        super().__init__(auto_describe=True)
+        self.custom: list = []
+
+    def register(self, collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self.custom.append(collector)
+
+
+class CollectorMirror:
+    """prometheus-client's multiprocess mode merges only its own metric objects' files. With --workers,
+    a custom collector's families are copied into multiprocess metrics of the same names (every
+    MIRROR_INTERVAL_S, and before a scrape): counters by their increase (summed over workers), gauges
+    as the live sum. Another worker's values are at most that interval old."""
+
+    def __init__(self, collectors: list):
+        self.collectors = collectors
+        self._metrics: dict[tuple[str, str], object] = {}
+        self._seen: dict[tuple, float] = {}
+        self._lock = threading.Lock()  # the scrape syncs in a thread, the loop on its interval
+
+    def sync(self) -> None:
+        with self._lock:
+            for collector in list(self.collectors):
+                for family in collector.collect():
+                    if family.type in ("counter", "gauge") and family.samples:
+                        self._copy(family)
+
+    def _copy(self, family) -> None:
+        labelnames = tuple(family.samples[0].labels)
+        metric = self._metrics.get((family.name, family.type))
+        if metric is None:
+            if family.type == "counter":
+                metric = Counter(family.name, family.documentation, labelnames, registry=None)
+            else:
+                metric = Gauge(family.name, family.documentation, labelnames, registry=None,
+                               multiprocess_mode="livesum")
+            self._metrics[(family.name, family.type)] = metric
+        for sample in family.samples:
+            if tuple(sample.labels) != labelnames or (family.type == "counter" and not sample.name.endswith("_total")):
+                continue
+            values = tuple(sample.labels.values())
+            child = metric.labels(*values) if labelnames else metric
+            if family.type == "gauge":
+                child.set(sample.value)
+                continue
+            increase = sample.value - self._seen.get((sample.name, values), 0.0)
+            if increase > 0:
+                child.inc(increase)
+                self._seen[(sample.name, values)] = sample.value
+
+
 class ProxyMetrics:
     """Every metric of one proxy application, registered in its own registry."""
 
-    def __init__(self, model_name: str = "", stale_after_s: float = 10.0):
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(self, model_name: str = "", stale_after_s: float = 10.0, multiprocess: bool = False):
+        # multiprocess: a --workers process; its values live in PROMETHEUS_MULTIPROC_DIR's files.
+        self.multiprocess = multiprocess
+        self.registry = WorkerRegistry() if multiprocess else CollectorRegistry(auto_describe=True)
+        self.mirror = CollectorMirror(self.registry.custom) if multiprocess else None
         reg = self.registry
         counter, gauge, histogram = (partial(cls, registry=reg) for cls in (Counter, Gauge, Histogram))
         route, timed = ["endpoint"], ["endpoint", "stream"]
         self.requests = counter(PREFIX + "requests_total", "Requests answered, by route, HTTP status and "
                                 "streaming (499: the client left first)", ["endpoint", "status", "stream"])
-        self.in_flight = gauge(PREFIX + "requests_in_flight", "Requests being served now", route)
+        self.in_flight = gauge(PREFIX + "requests_in_flight", "Requests being served now", route,
+                               multiprocess_mode="livesum")
         self.latency = histogram(PREFIX + "request_duration_seconds", "End-to-end time in the proxy, until "
                                  "the last byte (streams included)", timed, buckets=LATENCY_BUCKETS)
         self.ttft = histogram(PREFIX + "time_to_first_token_seconds", "Time until the first output reached "
@@ -97,22 +170,23 @@ class ProxyMetrics:
         self.weight_update_latency = histogram(PREFIX + "weight_update_duration_seconds", "Weight update "
                                                "calls, start to end", route, buckets=WEIGHT_UPDATE_BUCKETS)
         self.last_weight_update = gauge(PREFIX + "last_weight_update_timestamp_seconds", "Unix time of the "
-                                        "last successful weight update")
-        self.weight_version_info = gauge(PREFIX + "weight_version_info", "1 for the weight version SGLang "
-                                         "serves now", ["weight_version"])
-        self.weight_version = gauge(PREFIX + "weight_version", "The current weight version as a number "
-                                    "(NaN when it is not one)")
+                                        "last successful weight update", multiprocess_mode="max")
         self.unhonoured_seeds = counter(PREFIX + "unhonoured_seed_requests_total", "Requests whose `seed` "
                                         "SGLang ignores (started without --enable-deterministic-inference)", route)
         self._seed_warned_at: float | None = None
         self._seeds_unwarned = 0
         self.current_weight_version: str | None = None
         self.backend = BackendMetrics(model_name, stale_after_s)
-        self.backend.register(self.registry, PREFIX)
-        # The standard process_* and python_* names dashboards expect, in this app's own registry.
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        GCCollector(registry=self.registry)
+        if not multiprocess:  # else the owner's block carries these (one producer, no stale label files)
+            self.weight_version_info = gauge(PREFIX + "weight_version_info", "1 for the weight version SGLang "
+                                             "serves now", ["weight_version"])
+            self.weight_version = gauge(PREFIX + "weight_version", "The current weight version as a number "
+                                        "(NaN when it is not one)")
+            self.backend.register(self.registry, PREFIX)
+            # The standard process_* and python_* names dashboards expect, in this app's own registry.
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+            GCCollector(registry=self.registry)
         self.weight_update_routes = WEIGHT_UPDATE_ROUTES
         self._children: dict[tuple, object] = {}
         self.start_at_zero(INFERENCE_ENDPOINTS, WEIGHT_UPDATE_ROUTES)
@@ -190,8 +264,19 @@ class ProxyMetrics:
             self.last_weight_update.set(time.time())
         return ok
 
+    def exposition(self) -> bytes:
+        """The exposition text of this process's metrics (with --workers: of every worker's files)."""
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        self.mirror.sync()
+        merged = CollectorRegistry()
+        prom_multiprocess.MultiProcessCollector(merged)
+        return generate_latest(merged)
+
     def set_weight_version(self, version: str) -> None:
         self.current_weight_version = version
+        if self.multiprocess:
+            return
         self.weight_version_info.clear()
         self.weight_version_info.labels(version).set(1)
         self.weight_version.set(_as_number(version))
@@ -270,9 +355,15 @@ async def refresh_weight_version(client, metrics: ProxyMetrics) -> None:
 async def metrics_endpoint(request: web.Request) -> web.Response:
     """GET /metrics, in Prometheus' text format 0.0.4. Rendering runs in a thread: a big registry
     takes a millisecond or more, which the event loop should not pay."""
-    registry = request.app[METRICS].registry
-    body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, registry)
+    body = await asyncio.get_running_loop().run_in_executor(None, request.app[METRICS].exposition)
+    extra = request.app.get(EXTRA_METRICS)
+    if extra is not None:  # a --workers process: the owner's one-producer block
+        body += await extra(request.app)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4})
+
+
+# A --workers process: more exposition text for /metrics (token_proxy/serving/metrics_block.py).
+EXTRA_METRICS = web.AppKey("extra_metrics", object)
 
 
 async def backend_metrics(app: web.Application):
@@ -326,6 +417,28 @@ def add_observability(app: web.Application) -> None:
     """Metrics registry, X-Request-Id on every response, and the backend scrape (append after the
     proxy context: it uses its SGLang client). The middleware goes first in create_app's list."""
     settings = app[SETTINGS]
-    app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s)
+    multiproc = app[ROLE].multiprocess if ROLE in app else False
+    app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s, multiprocess=multiproc)
     app.on_response_prepare.append(add_request_id_header)
-    app.cleanup_ctx.append(backend_metrics)
+    if not multiproc:  # with --workers, the owner alone reads SGLang's /metrics
+        app.cleanup_ctx.append(backend_metrics)
+    else:
+        app.cleanup_ctx.append(_mirror_collectors)
+
+
+async def _mirror_collectors(app: web.Application):
+    """--workers: keep this worker's custom collectors' values in the multiprocess files (CollectorMirror)."""
+    mirror = app[METRICS].mirror
+
+    async def forever() -> None:
+        while True:
+            await asyncio.sleep(MIRROR_INTERVAL_S)
+            try:
+                mirror.sync()
+            except Exception:  # a collector's bug must not end the loop
+                log.exception("copying a metrics collector into the multiprocess files failed")
+
+    task = asyncio.get_running_loop().create_task(forever())
+    yield
+    task.cancel()
+    mirror.sync()  # the last values, before this worker's files are marked dead

@@ -1,0 +1,52 @@
+"""The admin owner's internal routes, on its Unix socket (only the workers reach it):
+
+- POST /_internal/adapters: a worker's LoRA long-poll (adapter_sync.py);
+- POST /_internal/lora_sync: a worker's request found SGLang without an adapter; re-load what is missing;
+- GET /_internal/metrics: the one-producer block every worker appends to its /metrics (metrics_block.py).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from token_proxy.proxy.admin.lora import LORA
+from token_proxy.proxy.admin.lora_registry import ADAPTERS
+from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.serving.adapter_sync import AdapterPublisher
+from token_proxy.serving.metrics_block import render_owner_block
+
+PUBLISHER = web.AppKey("adapter_publisher", AdapterPublisher)
+
+
+async def adapters_poll(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    publisher = request.app[PUBLISHER]
+    worker = int(body["worker"])
+    publisher.report(worker, int(body["seq"]), int(body["seen"]), [str(i) for i in body.get("held", [])])
+    await publisher.wait_for_change(int(body["seen"]), float(body.get("wait", 20.0)))
+    return json_response(publisher.offer(worker))
+
+
+async def lora_sync(request: web.Request) -> web.Response:
+    return json_response({"loaded": await request.app[LORA].sync_workers()})
+
+
+async def owner_metrics(request: web.Request) -> web.Response:
+    return web.Response(body=await render_owner_block(request.app), content_type="text/plain")
+
+
+def add_control_routes(app: web.Application) -> None:
+    """Before the admin plane's routes (it ends with a catch-all); its state after them: see add_control_state."""
+    app.router.add_post("/_internal/adapters", adapters_poll)
+    app.router.add_post("/_internal/lora_sync", lora_sync)
+    app.router.add_get("/_internal/metrics", owner_metrics)
+
+
+def add_control_state(app: web.Application) -> None:
+    """After add_routes: the publisher needs the LoRA registry the admin plane's cleanup context makes."""
+    app.cleanup_ctx.append(_publisher)
+
+
+async def _publisher(app: web.Application):
+    app[PUBLISHER] = AdapterPublisher(app[ADAPTERS])
+    yield

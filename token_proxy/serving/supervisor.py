@@ -1,0 +1,118 @@
+"""`token-proxy --workers N` (N > 1): the supervisor process. It serves no client itself: it runs the
+admin owner on a Unix socket, starts N workers on the shared port and stops them (see __init__.py).
+
+Exit status: 0 after SIGTERM / SIGINT (every worker drained); 2 for a configuration error found
+while connecting (an unloadable tokenizer); 1 when a worker ended on its own (the others are stopped:
+restart the whole proxy, as a process supervisor would).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from token_proxy.settings import Settings
+
+log = logging.getLogger("token_proxy")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+KILL_GRACE_S = 10.0  # after the drain deadline, before a worker is killed
+
+
+def serve_workers(settings: Settings) -> int:
+    """Blocks until the proxy stops; returns the exit status."""
+    if os.environ.pop(MULTIPROC_ENV, None):  # the supervisor keeps its metrics in memory
+        log.warning("%s is ignored: --workers uses a fresh directory of its own", MULTIPROC_ENV)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"token-proxy-{os.getpid()}-"))
+    try:
+        (run_dir / "metrics").mkdir()
+        (run_dir / "settings.pickle").write_bytes(pickle.dumps(settings))
+        return asyncio.run(_supervise(settings, run_dir))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def _supervise(settings: Settings, run_dir: Path) -> int:
+    import gc
+
+    from aiohttp import web
+    from prometheus_client import multiprocess
+
+    from token_proxy.proxy.app import create_app
+    from token_proxy.proxy.ops.access_log import ACCESS_LOGGER
+    from token_proxy.proxy.upstream.connection import ON_FATAL
+    from token_proxy.serving.metrics_block import WORKER_PIDS
+    from token_proxy.serving.role import OWNER, Role
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # The workers write the access lines; the owner's requests are theirs, forwarded (no second line).
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.WARNING)
+    gc.freeze()
+    control = run_dir / "control.sock"
+    app = create_app(settings, Role(OWNER, control_socket=str(control)))
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        stop.set()
+
+    app[ON_FATAL] = on_fatal
+    pids: list[int] = []
+    app[WORKER_PIDS] = pids
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=settings.shutdown_timeout_s)
+    await runner.setup()
+    await web.UnixSite(runner, str(control)).start()
+    env = {**os.environ, MULTIPROC_ENV: str(run_dir / "metrics")}
+    workers = []
+    for index in range(settings.api_workers):
+        workers.append(await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "token_proxy.serving.worker", str(run_dir), str(index),
+            env=env, stdin=asyncio.subprocess.DEVNULL, start_new_session=True))
+        pids.append(workers[-1].pid)
+    log.info("token-proxy: %d workers on http://%s:%d/v1 (pids %s), admin plane in pid %d -> %s",
+             len(workers), settings.host, settings.port, ", ".join(map(str, pids)), os.getpid(),
+             settings.backend_url)
+    exits = {asyncio.ensure_future(proc.wait()): (index, proc) for index, proc in enumerate(workers)}
+    stopping = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
+    status = 2 if fatal else 0
+    if stopping not in done:
+        index, proc = next(exits[task] for task in done if task in exits)
+        log.error("worker %d (pid %d) exited with status %s: stopping the proxy", index, proc.pid, proc.returncode)
+        status = 2 if proc.returncode == 2 else 1
+    stopping.cancel()
+    await _stop_workers(workers, settings.shutdown_timeout_s + KILL_GRACE_S)
+    for proc in workers:
+        multiprocess.mark_process_dead(proc.pid, str(run_dir / "metrics"))
+    await runner.cleanup()
+    return status
+
+
+async def _stop_workers(workers, deadline_s: float) -> None:
+    """SIGTERM to each: it stops accepting and drains its requests (--shutdown-timeout); killed past
+    the deadline."""
+    for proc in workers:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(proc.wait() for proc in workers)), deadline_s)
+    except asyncio.TimeoutError:
+        for proc in workers:
+            if proc.returncode is None:
+                log.error("worker pid %d did not stop within %.0f s: killed", proc.pid, deadline_s)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+        await asyncio.gather(*(proc.wait() for proc in workers))

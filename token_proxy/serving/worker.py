@@ -1,0 +1,55 @@
+"""One --workers data-plane process: `python -m token_proxy.serving.worker RUN_DIR INDEX`, started by
+the supervisor (supervisor.py) with PROMETHEUS_MULTIPROC_DIR set. It binds host:port with
+SO_REUSEPORT beside its siblings and serves until SIGTERM (then drains, as one process does)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from token_proxy.serving.role import WORKER, Role
+
+PR_SET_PDEATHSIG = 1
+
+
+def listen_reuse_port(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _end_with_parent() -> None:
+    """Workers run in their own session (a terminal's Ctrl-C reaches the supervisor only, which stops
+    them in order); if the supervisor dies without doing so, the kernel sends SIGTERM (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() == 1:  # the supervisor is already gone
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_dir, index = (argv or sys.argv[1:])[:2]
+    _end_with_parent()
+    settings = pickle.loads((Path(run_dir) / "settings.pickle").read_bytes())
+    from token_proxy.cli import serve
+    from token_proxy.proxy.ops.access_log import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+    role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))
+    serve(settings, listen_reuse_port(settings.host, settings.port), role=role)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""A --workers data-plane process's admin side: every admin-plane route is forwarded to the owner over
+its Unix socket (the same routes as one process serves, so labels, 404s and 405s match), the LoRA map
+is mirrored (adapter_sync.py), and /metrics appends the owner's block (metrics_block.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aiohttp
+from aiohttp import web
+
+from token_proxy.errors import BackendUnavailable, NotFound
+from token_proxy.proxy.admin.lora import LORA
+from token_proxy.proxy.admin.lora_registry import ADAPTERS, AdapterRegistry
+from token_proxy.proxy.admin.routes import add_admin_routes
+from token_proxy.proxy.ops.access_log import WORKER_INDEX
+from token_proxy.proxy.ops.metrics import EXTRA_METRICS
+from token_proxy.proxy.upstream.context import CONTEXT
+from token_proxy.serving.adapter_sync import AdapterFollower
+from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
+from token_proxy.serving.role import ROLE
+
+log = logging.getLogger(__name__)
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and those aiohttp sets itself.
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                  "transfer-encoding", "upgrade", "host", "content-length"})
+CONNECT_TIMEOUT_S = 5.0
+
+
+async def forward_to_owner(request: web.Request) -> web.StreamResponse:
+    """The request as it came (method, path, query, headers, body) to the owner; its reply streamed back.
+    Keys were checked here (the owner trusts its socket). No deadline: the owner's admin calls carry
+    their own (a weight update may take minutes); a client that leaves cancels the call there too."""
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+    body = await request.read()
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
+    try:
+        upstream = await request.app[CONTROL_SESSION].request(
+            request.method, "http://owner" + str(request.rel_url), headers=headers, data=body or None,
+            timeout=timeout, allow_redirects=False)
+    except aiohttp.ClientError as exc:
+        raise BackendUnavailable(f"the proxy's admin process does not answer ({exc}); it may be stopping") from None
+    async with upstream:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for key, value in upstream.headers.items():
+            if key.lower() not in _HOP:
+                response.headers.add(key, value)
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+async def internal_only(request: web.Request) -> web.StreamResponse:
+    """The owner's /_internal/ routes are for workers, never forwarded for a client."""
+    raise NotFound(f"{request.path} is not a route of this server")
+
+
+class RemoteLora:
+    """What the data path needs of LoraAdmin (retry_if_lost): ask the owner to re-load lost adapters."""
+
+    def __init__(self, session: aiohttp.ClientSession):
+        self.session = session
+
+    async def sync_workers(self) -> int:
+        async with self.session.post("http://owner/_internal/lora_sync") as resp:
+            return (await resp.json()).get("loaded", 0) if resp.status == 200 else 0
+
+
+def add_worker_plane(app: web.Application) -> None:
+    """In place of add_admin_routes: the admin plane's own routes, each forwarded, then the catch-all."""
+    template = web.Application()
+    add_admin_routes(template)  # only read for its route table; never started
+    for resource in template.router.resources():
+        if isinstance(resource, web.PlainResource):
+            for route in resource:
+                app.router.add_route(route.method, resource.canonical, forward_to_owner)
+    app.router.add_route("*", "/_internal/{tail:.*}", internal_only)
+    app.router.add_route("*", "/{tail:.*}", forward_to_owner)
+    app.cleanup_ctx.append(_worker_state)
+
+
+async def _worker_state(app: web.Application):
+    role = app[ROLE]
+    app[WORKER_INDEX] = role.index
+    connector = aiohttp.UnixConnector(path=role.control_socket, limit=0)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        app[CONTROL_SESSION] = session
+        app[EXTRA_METRICS] = fetch_owner_block
+        registry = app[ADAPTERS] = AdapterRegistry()
+        app[LORA] = RemoteLora(session)
+        follower = AdapterFollower(session, role.index, registry)
+
+        def learn(engine) -> None:
+            registry.base_names = {engine.backend.served_model_name}
+
+        app[CONTEXT].when_ready(learn)
+        task = asyncio.get_running_loop().create_task(follower.run())
+        with contextlib.suppress(asyncio.TimeoutError):  # the owner is up before workers start
+            await asyncio.wait_for(follower.first_map.wait(), 5.0)
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
