@@ -101,7 +101,7 @@ async def test_lora_load_sample_unload(lora_sglang, tmp_path):
 
 
 async def test_lora_loads_that_fail(lora_sglang, tmp_path):
-    sglang, model_path, _info = lora_sglang
+    sglang, model_path, info = lora_sglang
     no_config = write_adapter(tmp_path / "nocfg", model_path, config=False)
     status, body = await sglang.post("/load_lora_adapter", {"lora_name": "nocfg", "lora_path": no_config})
     assert status == 400 and body["success"] is False
