@@ -13,6 +13,7 @@ from admin_fixtures import until
 from token_proxy.proxy.admin.workers import ADMIN
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.testing import parse_sse
+from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.weight_routes import WEIGHTS
 
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]
@@ -333,3 +334,17 @@ async def test_bad_vllm_bodies_are_400s_naming_the_field(proxy):
         "update_info.names")
     assert (await post(proxy, "/finish_weight_update", 400, json={"weight_version": 3}))["error"]["param"] == (
         "weight_version")
+
+
+async def test_a_failed_nccl_receive_is_the_fleets_error_body_not_a_500(fleet2, fake_group):
+    proxy, sims = fleet2
+    await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
+    sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
+    body = await post(proxy, "/update_weights", 400, json={"update_info": META})
+    assert (body["outcome"], body["weight_version"]) == ("rolled_back", "default")
+    assert body["error"]["type"] == "AdminCallFailed" and body["error"]["code"] == 400
+    assert [(w["url"], w["success"]) for w in body["workers"]] == [(url_of(sims[0]), True), (url_of(sims[1]), False)]
+    sims[0].app[RL_SIM].faults.append({"kind": "fail"})
+    rpc = await post(proxy, "/collective_rpc", 400, json={"method": "update_weights_nccl",
+                                                          "kwargs": {"update_info": META}})
+    assert rpc["outcome"] == "rolled_back"

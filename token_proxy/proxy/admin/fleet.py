@@ -27,15 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NoReturn
-
-from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, InvalidRequest
 from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.proxy.admin.workers import AdminPlane, WorkerFailed, WorkerReply, failure_status
-from token_proxy.proxy.http_io import json_response
 
 log = logging.getLogger(__name__)
 
@@ -61,21 +58,20 @@ class WorkerResult:
         return out
 
 
-@dataclass
-class FleetFailed(Exception):
-    """A fleet update that did not land everywhere; rendered with each worker's result."""
+class FleetFailed(WorkerFailed):
+    """A fleet update that did not land everywhere: OpenAI's error body plus the outcome and each worker's
+    result (the one error middleware renders `body()`)."""
 
-    status: int
-    message: str
-    outcome: str  # ROLLED_BACK or HELD
-    workers: list[WorkerResult] = field(default_factory=list)
-    weight_version: str | None = None  # what the fleet serves now (None while held)
+    def __init__(self, status: int, message: str, outcome: str, workers: list[WorkerResult],
+                 weight_version: str | None = None):
+        super().__init__(status, message)
+        self.outcome = outcome  # ROLLED_BACK or HELD
+        self.workers = workers
+        self.weight_version = weight_version  # what the fleet serves now (None while held)
 
-    def response(self) -> web.Response:
-        return json_response({
-            "error": {"message": self.message, "type": WorkerFailed.type, "param": None, "code": self.status},
-            "outcome": self.outcome, "weight_version": self.weight_version,
-            "workers": [w.as_dict() for w in self.workers]}, status=self.status)
+    def body(self) -> dict:
+        return {**super().body(), "outcome": self.outcome, "weight_version": self.weight_version,
+                "workers": [w.as_dict() for w in self.workers]}
 
 
 async def update_from_disk(plane: AdminPlane, path: str, version: str | None, action: str,

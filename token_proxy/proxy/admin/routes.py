@@ -87,10 +87,7 @@ async def update_weights(request: web.Request) -> web.Response:
         return json_response({"status": "ok", "weight_version": step.version})
     path = check.local_dir(weight_dir, "weight_dir", plane.settings)
     version = str(body.get("weight_version") or _next_version(plane, path))
-    try:
-        await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
-    except fleet.FleetFailed as failure:
-        return failure.response()
+    await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
     return json_response({"status": "ok", "weight_version": version})
 
 
@@ -107,10 +104,7 @@ async def reload_weights(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     if not plane.base_model_path:
         raise WorkerFailed(502, "reload_weights: SGLang did not report the model_path it started with")
-    try:
-        await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
-    except fleet.FleetFailed as failure:
-        return failure.response()
+    await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
     return json_response({"status": "ok", "weight_version": plane.initial_version})
 
 
