@@ -22,7 +22,6 @@ from token_proxy.proxy.admin.forward import (
     add_passthrough,
     group_bodies,
     note_group,
-    note_pause,
 )
 from token_proxy.proxy.admin.lora_routes import add_lora_routes
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
@@ -45,9 +44,7 @@ async def pause(request: web.Request) -> web.Response:
         return await vllm_rl.pause(request)
     plane = request.app[ADMIN]
     mode = _pause_mode(plane, (await _optional_json(request)).get("mode"))
-    replies = await plane.fan_out("POST", "/pause_generation", {"mode": mode}, plane.settings.admin_timeout_s)
-    raise_for_failures("pause", replies)
-    note_pause(plane, {}, replies)
+    await fleet.pause_workers(plane, mode, await plane.worker_urls())
     return json_response({"status": "paused"})
 
 
@@ -60,12 +57,12 @@ def _pause_mode(plane: AdminPlane, requested) -> str:
 
 
 async def resume(request: web.Request) -> web.Response:
-    """Both dialects. Refused (409) while a failed fleet update holds the workers paused (fleet.py)."""
+    """Both dialects. Refused (409) while a weight update runs, and while a failed one holds the workers
+    paused (fleet.py)."""
     plane = request.app[ADMIN]
-    fleet.refuse_resume_while_held(plane, request.query.get("force"))
+    fleet.refuse_resume(plane, request.query.get("force"))
     vllm_rl.refuse_resume_while_asleep(request.app)
-    replies = await fleet.resume_all(plane, await plane.worker_urls())
-    raise_for_failures("resume", replies)
+    await fleet.resume_all(plane, await plane.worker_urls())
     return json_response({"status": "resumed"})
 
 
@@ -144,7 +141,8 @@ async def init_broadcaster(request: web.Request) -> web.Response:
               "group_name": body.get("group_name", "weight_update_group"), "backend": body.get("backend", "nccl")}
     urls = await plane.worker_urls()
     bodies = await group_bodies(plane, native, urls)
-    replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
+    async with plane.transaction():
+        replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
     raise_for_failures("init_broadcaster", replies)
     note_group(plane, native, replies)
     return json_response({"status": "ok"})

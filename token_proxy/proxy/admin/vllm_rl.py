@@ -49,7 +49,7 @@ from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.proxy.admin import checks as check
 from token_proxy.proxy.admin import fleet
 from token_proxy.proxy.admin.flush import pending, read_pending
-from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone, note_pause
+from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, WorkerReply, raise_for_failures
 from token_proxy.proxy.http_io import json_response, read_json
 
@@ -125,10 +125,7 @@ async def pause_fleet(plane: AdminPlane, mode: str, urls: list[str]) -> None:
     if mode == "wait":
         await wait_idle(plane, urls, plane.settings.admin_timeout_s, "pause?mode=wait")
     native = {"keep": plane.settings.pause_mode, "wait": "in_place"}.get(mode, mode)
-    replies = await plane.fan_out("POST", "/pause_generation", {"mode": native}, plane.settings.admin_timeout_s,
-                                  urls)
-    raise_for_failures("pause", replies)
-    note_pause(plane, {}, replies)
+    await fleet.pause_workers(plane, native, urls)
 
 
 async def is_paused(request: web.Request) -> web.Response:
@@ -164,11 +161,12 @@ async def sleep(request: web.Request) -> web.Response:
     urls = await plane.worker_urls()
     if level >= 1:
         await _check_can_release(plane, urls, mode, need_cpu_backup=level == 1)
-    await pause_fleet(plane, mode, urls)
-    state.asleep = True
-    if level >= 1:
-        await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
-        await _release(plane, state, urls, None)
+    async with plane.transaction():
+        await pause_fleet(plane, mode, urls)
+        state.asleep = True
+        if level >= 1:
+            await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
+            await _release(plane, state, urls, None)
     return json_response({"status": "sleeping", "level": level})
 
 
@@ -191,11 +189,16 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
 
 
 async def wake_up(request: web.Request) -> web.Response:
-    plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    plane = request.app[ADMIN]
     tags = request.query.getall("tags", []) or None
     for tag in tags or ():
         if tag not in WAKE_TAGS:
             raise InvalidRequest(f"tags must be among {', '.join(WAKE_TAGS)}, got {tag!r}", param="tags")
+    async with plane.transaction():
+        return await _wake_up(plane, request.app[VLLM_RL], tags)
+
+
+async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None) -> web.Response:
     wanted = set(MEMORY_TAGS) if tags is None else set(tags) - {"scheduling"}
     back = [tag for tag in MEMORY_TAGS if tag in wanted & state.released]
     urls = await plane.worker_urls()
@@ -207,7 +210,7 @@ async def wake_up(request: web.Request) -> web.Response:
     fully_awake = not state.released
     if fully_awake and plane.paused:  # vLLM resumes the scheduler once all memory is resident
         fleet.refuse_resume_while_held(plane, None)
-        raise_for_failures("wake_up", await fleet.resume_all(plane, urls))
+        await fleet.resume_all(plane, urls, "wake_up: resume")
         state.asleep = False
     return json_response({"status": "awake" if fully_awake else "sleeping", "tags": tags})
 
@@ -266,8 +269,9 @@ async def init_weight_transfer_engine(request: web.Request) -> web.Response:
               "group_name": GROUP, "backend": info.get("backend", "nccl")}
     urls = await plane.worker_urls()
     bodies = await group_bodies(plane, native, urls)
-    replies = await plane.fan_out("POST", "/init_weights_update_group", bodies,
-                                  plane.settings.init_group_timeout_s, urls)
+    async with plane.transaction():
+        replies = await plane.fan_out("POST", "/init_weights_update_group", bodies,
+                                      plane.settings.init_group_timeout_s, urls)
     raise_for_failures("init_weight_transfer_engine", replies)
     note_group(plane, native, replies)
     return json_response({"message": "Weight transfer initialized"})
@@ -299,8 +303,9 @@ async def update_weights(request: web.Request, body: dict) -> web.Response:
     infos = body["update_info"] if isinstance(body["update_info"], list) else [body["update_info"]]
     metas = [_meta(state, _object(info, "update_info")) for info in infos]
     require_group(plane, "update_weights")
-    for meta in metas:
-        await receive(plane, meta, "update_weights")
+    async with plane.transaction():
+        for meta in metas:
+            await receive(plane, meta, "update_weights")
     return json_response({"message": "Weights updated"})
 
 
@@ -347,7 +352,8 @@ async def finish_weight_update(request: web.Request) -> web.Response:
     version = body.get("weight_version")
     if version is not None and not isinstance(version, str):
         raise InvalidRequest(f"weight_version must be a string, got {version!r}", param="weight_version")
-    await finish(plane, version, "finish_weight_update")
+    async with plane.transaction():
+        await finish(plane, version, "finish_weight_update")
     return json_response({"message": "Weight update finished"})
 
 
@@ -437,9 +443,11 @@ async def collective_rpc(request: web.Request) -> web.Response:
     elif method == "update_weights_nccl":
         meta = _meta(request.app[VLLM_RL], _object(kwargs.get("update_info"), "kwargs.update_info"))
         require_group(plane, method)
-        await receive(plane, meta, method)
+        async with plane.transaction():
+            await receive(plane, meta, method)
     else:
-        await finish(plane, None, method)
+        async with plane.transaction():
+            await finish(plane, None, method)
     return json_response({"results": [None] * len(await plane.worker_urls())})
 
 

@@ -8,6 +8,7 @@ reach every server. The worker list is the --worker flags, else what the router 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -110,6 +111,19 @@ class AdminPlane:
     worker_versions: dict[str, str | None] = field(default_factory=dict)
     # A failed fleet update the proxy could not undo: the fleet stays paused until it is fixed (fleet.py).
     hold: dict | None = None
+    # One weight update at a time (fleet.py): a second waits for the first; /resume meanwhile is a 409.
+    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    updating: bool = False
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end."""
+        async with self.update_lock:
+            self.updating = True
+            try:
+                yield
+            finally:
+                self.updating = False
 
     async def worker_urls(self) -> list[str]:
         if self.settings.workers:
