@@ -348,3 +348,21 @@ async def test_a_failed_nccl_receive_is_the_fleets_error_body_not_a_500(fleet2, 
     rpc = await post(proxy, "/collective_rpc", 400, json={"method": "update_weights_nccl",
                                                           "kwargs": {"update_info": META}})
     assert rpc["outcome"] == "rolled_back"
+
+
+async def test_finish_after_a_failed_receive_is_refused_until_the_weights_arrive_everywhere(fleet2, fake_group):
+    proxy, sims = fleet2
+    proxy.app[ADMIN].loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
+    await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
+    sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
+    assert (await post(proxy, "/update_weights", 400, json={"update_info": META}))["outcome"] == "held_paused"
+    refused = await post(proxy, "/finish_weight_update", 409, json={"weight_version": "v1"})
+    assert refused["error"]["message"].startswith("finish_weight_update: the workers are held paused after a failed")
+    assert [state(s).weight_version for s in sims] == ["default", "default"]  # no version set on a lie
+    assert (await post(proxy, "/resume", 409))["error"]["type"] == "ConflictError"
+    assert await post(proxy, "/update_weights", json={"update_info": META}) == {"message": "Weights updated"}
+    assert await post(proxy, "/finish_weight_update", json={"weight_version": "v1"}) == {
+        "message": "Weight update finished"}
+    assert [state(s).weight_version for s in sims] == ["v1", "v1"]
+    assert await post(proxy, "/resume") == {"status": "resumed"}
+    assert not any(state(s).paused for s in sims)

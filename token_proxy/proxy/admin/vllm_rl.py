@@ -318,6 +318,8 @@ async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
         # The workers that failed hold partly updated weights (SGLang: "discard the whole weights").
         await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
     plane.loaded_path = None  # the weights now came over NCCL: no checkpoint on disk holds them
+    if plane.hold is not None:
+        plane.hold["received"] = True  # every worker took this push: a finish may now end the hold
 
 
 def _meta(state: VllmRlState, info: dict) -> dict:
@@ -358,6 +360,12 @@ async def finish_weight_update(request: web.Request) -> web.Response:
 
 
 async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
+    """Refused (409) while a failed receive holds the fleet: setting one version string on workers holding
+    different weights would end the hold on a lie. A successful receive since then lifts that."""
+    if plane.hold is not None and not plane.hold.get("received"):
+        raise fleet.Conflict(f"{action}: the workers are held paused after a failed weight update "
+                             f"({plane.hold['message']}); send the weights again (every worker must receive "
+                             "them) before finishing, or POST /resume?force=true to serve anyway")
     urls = await plane.worker_urls()
     if version is not None:
         replies = await plane.fan_out("POST", "/update_weight_version", {"new_version": version},
