@@ -214,7 +214,17 @@ async def test_release_kv_cache_memory_needs_a_completed_pause(fleet2):
     assert all(s.app[WEIGHTS].released == {"kv_cache"} for s in sims)
     assert await get(proxy, "/is_sleeping") == {"is_sleeping": True}
     assert await post(proxy, "/wake_up", params={"tags": "kv_cache"}) == {"status": "awake", "tags": ["kv_cache"]}
-    assert not any(state(s).paused for s in sims)
+    assert all(state(s).paused for s in sims)  # the trainer's /pause is the trainer's to end
+    assert await post(proxy, "/resume") == {"status": "resumed"}
+
+
+async def test_a_plain_pause_is_not_sleep_and_wake_up_keeps_it(fleet2):
+    proxy, sims = fleet2
+    await post(proxy, "/pause", params={"mode": "abort"})
+    assert await get(proxy, "/is_sleeping") == {"is_sleeping": False}
+    assert await post(proxy, "/wake_up") == {"status": "awake", "tags": None}
+    assert all(state(s).paused for s in sims)
+    assert await get(proxy, "/is_paused") == {"is_paused": True}
 
 
 async def test_reset_prefix_cache(fleet2):

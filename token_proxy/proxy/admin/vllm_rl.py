@@ -208,7 +208,7 @@ async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None
         raise_for_failures("wake_up", replies)
         state.released -= set(back)
     fully_awake = not state.released
-    if fully_awake and plane.paused:  # vLLM resumes the scheduler once all memory is resident
+    if fully_awake and state.asleep:  # a /sleep paused it: resumed once all memory is resident (not a /pause)
         fleet.refuse_resume_while_held(plane, None)
         await fleet.resume_all(plane, urls, "wake_up: resume")
         state.asleep = False
@@ -217,7 +217,7 @@ async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None
 
 async def is_sleeping(request: web.Request) -> web.Response:
     state = request.app[VLLM_RL]
-    return json_response({"is_sleeping": request.app[ADMIN].paused or bool(state.released)})
+    return json_response({"is_sleeping": state.asleep or bool(state.released)})
 
 
 async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need_cpu_backup: bool) -> None:
