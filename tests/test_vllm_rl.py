@@ -8,12 +8,12 @@ import time
 
 import orjson
 import pytest
-from admin_fixtures import until
+from admin_fixtures import free_port, until
 
 from token_proxy.proxy.admin.workers import ADMIN
 from token_proxy.simulator import SIM_STATE, params
-from token_proxy.simulator.testing import parse_sse
 from token_proxy.simulator.rl_routes import RL_SIM
+from token_proxy.simulator.testing import parse_sse
 from token_proxy.simulator.weight_routes import WEIGHTS
 
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]
@@ -233,12 +233,24 @@ async def test_reset_prefix_cache(fleet2):
         state(sim).prefix_cache.insert(FOX)
     assert await post(proxy, "/reset_prefix_cache") == {"success": True}
     assert all(state(s).prefix_cache.match(FOX) == 0 for s in sims)
+    for sim in sims:
+        state(sim).prefix_cache.insert(FOX)
     rollout = asyncio.create_task(chat_stream(proxy, LONG))
     await until(lambda: state(sims[0]).running)
     assert await post(proxy, "/reset_prefix_cache") == {"success": False}  # busy: vLLM says so, callers retry
+    assert state(sims[1]).prefix_cache.match(FOX) == 0 and state(sims[0]).prefix_cache.match(FOX) > 0
     refused = await post(proxy, "/reset_prefix_cache", 501, params={"reset_running_requests": "true"})
     assert refused["error"]["type"] == "NotImplementedError"
     await rollout
+    await until(lambda: state(sims[0]).prefix_cache.match(FOX) == 0, 5)  # the flush it was owed, once idle
+
+
+async def test_reset_prefix_cache_names_an_unreachable_worker(make_sim, make_proxy):
+    live = await make_sim()
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy = await make_proxy(live, workers=(url_of(live), dead))
+    refused = await post(proxy, "/reset_prefix_cache", 503)
+    assert refused["error"]["message"].startswith(f"reset_prefix_cache failed on 1 of 2 worker(s): {dead}: ")
 
 
 # --- info -----------------------------------------------------------------------------------------

@@ -48,9 +48,16 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.proxy.admin import checks as check
 from token_proxy.proxy.admin import fleet
-from token_proxy.proxy.admin.flush import pending, read_pending
+from token_proxy.proxy.admin.flush import flush_or_owe, pending, read_pending
 from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone
-from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, WorkerReply, raise_for_failures
+from token_proxy.proxy.admin.workers import (
+    ADMIN,
+    AdminPlane,
+    WorkerFailed,
+    WorkerReply,
+    failure_status,
+    raise_for_failures,
+)
 from token_proxy.proxy.http_io import json_response, read_json
 
 log = logging.getLogger(__name__)
@@ -250,8 +257,12 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
                                      "and cannot reset a running request's cache")
     if _flag(request, "reset_external", False):
         raise NotImplementedBySGLang("reset_external: SGLang's flush_cache has no connector-managed cache to reset")
-    replies = await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s)
-    return json_response({"success": all(r.status == 200 for r in replies)})
+    replies = await flush_or_owe(plane, await plane.worker_urls())
+    down = [r for r in replies if r.error is not None]
+    if down:
+        raise WorkerFailed(failure_status(down), f"reset_prefix_cache failed on {len(down)} of {len(replies)} "
+                           "worker(s): " + "; ".join(f"{r.url}: {r.message}" for r in down))
+    return json_response({"success": all(r.status == 200 for r in replies)})  # false: owed, flushed once idle
 
 
 # --- weight transfer -----------------------------------------------------------------------------
@@ -482,14 +493,6 @@ async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action
         if time.monotonic() >= deadline:
             raise BackendTimeout(f"{action}: requests still running on {', '.join(busy)} after {timeout_s:g} s")
         await asyncio.sleep(IDLE_POLL_S)
-
-
-async def flush_or_owe(plane: AdminPlane, urls: list[str]) -> None:
-    """Flush every worker's prefix cache; one still busy (SGLang: 400) is flushed after /resume."""
-    replies = await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s, urls)
-    for reply in replies:
-        if reply.status != 200:
-            plane.owed_flushes.add(reply.url)
 
 
 def _mode(value: str) -> str:
