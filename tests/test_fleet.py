@@ -183,7 +183,9 @@ async def test_resume_can_be_forced_through_a_hold(fleet3, tmp_path):
     assert response.status == 400 and body["outcome"] == "held_paused"
     assert [state(s).weight_version for s in sims] == ["1", "default", "1"]
     assert (await proxy.post("/resume")).status == 409
-    forced = await proxy.post("/resume", params={"force": "true"})
+    refused = await proxy.post("/resume", params={"force": "maybe"})
+    assert refused.status == 400 and (await refused.json())["error"]["param"] == "force"
+    forced = await proxy.post("/resume", params={"force": "1"})  # the flag rule of every admin route
     assert (forced.status, await forced.json()) == (200, {"status": "resumed"})
     assert not any(state(s).paused for s in sims)
 

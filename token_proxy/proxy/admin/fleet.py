@@ -292,7 +292,7 @@ async def _hold(plane: AdminPlane, urls: list[str], message: str) -> None:
     log.error("fleet held paused: %s", message)
 
 
-def refuse_resume(plane: AdminPlane, force: str | None) -> None:
+def refuse_resume(plane: AdminPlane, force: bool) -> None:
     """/resume refused (409) while a weight update runs (its pause is its own), and while a failed update
     left the workers on different versions (unless forced)."""
     if plane.updating:
@@ -300,10 +300,10 @@ def refuse_resume(plane: AdminPlane, force: str | None) -> None:
     refuse_resume_while_held(plane, force)
 
 
-def refuse_resume_while_held(plane: AdminPlane, force: str | None) -> None:
+def refuse_resume_while_held(plane: AdminPlane, force: bool) -> None:
     if plane.hold is None:
         return
-    if (force or "").lower() == "true":
+    if force:
         log.warning("resume forced while held: %s", plane.hold["message"])
         plane.hold = None
         return

@@ -60,7 +60,7 @@ async def resume(request: web.Request) -> web.Response:
     """Both dialects. Refused (409) while a weight update runs, and while a failed one holds the workers
     paused (fleet.py)."""
     plane = request.app[ADMIN]
-    fleet.refuse_resume(plane, request.query.get("force"))
+    fleet.refuse_resume(plane, check.query_flag(request.query, "force", False))
     vllm_rl.refuse_resume_while_asleep(request.app)
     await fleet.resume_all(plane, await plane.worker_urls())
     return json_response({"status": "resumed"})

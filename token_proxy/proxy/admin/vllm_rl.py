@@ -120,7 +120,7 @@ def refuse_resume_while_asleep(app: web.Application) -> None:
 async def pause(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     mode = _mode(request.query.get("mode", "abort"))
-    clear_cache = _flag(request, "clear_cache", True)
+    clear_cache = check.query_flag(request.query, "clear_cache", True)
     urls = await plane.worker_urls()
     await pause_fleet(plane, mode, urls)
     if clear_cache and mode in ("abort", "wait"):  # vLLM ignores it with keep (and it is deprecated)
@@ -216,7 +216,7 @@ async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None
         state.released -= set(back)
     fully_awake = not state.released
     if fully_awake and state.asleep:  # a /sleep paused it: resumed once all memory is resident (not a /pause)
-        fleet.refuse_resume_while_held(plane, None)
+        fleet.refuse_resume_while_held(plane, False)
         await fleet.resume_all(plane, urls, "wake_up: resume")
         state.asleep = False
     return json_response({"status": "awake" if fully_awake else "sleeping", "tags": tags})
@@ -252,10 +252,10 @@ async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags:
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     """vLLM reads its two flags from the query (a JSON body, as SkyRL sends, is ignored, as in vLLM)."""
     plane = request.app[ADMIN]
-    if _flag(request, "reset_running_requests", False):
+    if check.query_flag(request.query, "reset_running_requests", False):
         raise NotImplementedBySGLang("reset_running_requests: SGLang's flush_cache refuses while requests run "
                                      "and cannot reset a running request's cache")
-    if _flag(request, "reset_external", False):
+    if check.query_flag(request.query, "reset_external", False):
         raise NotImplementedBySGLang("reset_external: SGLang's flush_cache has no connector-managed cache to reset")
     replies = await flush_or_owe(plane, await plane.worker_urls())
     down = [r for r in replies if r.error is not None]
@@ -438,7 +438,7 @@ def _checksums(body: dict) -> dict[str, str]:
 async def get_world_size(request: web.Request) -> web.Response:
     """The ranks of every worker behind the proxy: one URL stands for the whole fleet."""
     plane = request.app[ADMIN]
-    include_dp = _flag(request, "include_dp", True)
+    include_dp = check.query_flag(request.query, "include_dp", True)
     urls = await plane.worker_urls()
     size = 0
     for info in await server_infos(plane, urls):
@@ -500,17 +500,6 @@ def _mode(value: str) -> str:
         raise InvalidRequest(f"mode must be abort, wait or keep (or SGLang's retract, in_place), got {value!r}",
                              param="mode")
     return value
-
-
-def _flag(request: web.Request, name: str, default: bool) -> bool:
-    value = request.query.get(name)
-    if value is None:
-        return default
-    if value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.lower() in ("false", "0", "no", "off"):
-        return False
-    raise InvalidRequest(f"{name} must be true or false, got {value!r}", param=name)
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
