@@ -378,3 +378,20 @@ async def test_prime_rl_loader_retries_until_a_late_step_directory_appears(proxy
     await until(lambda: sim_adapters(sim) == {})
     with pytest.raises(NotFound):
         proxy.app[ADAPTERS].resolve("policy-lora")
+
+
+async def test_background_sync_survives_an_unexpected_error(proxy, monkeypatch):
+    admin, passes = proxy.app[LORA], []
+
+    async def flaky():
+        passes.append(1)
+        if len(passes) == 1:
+            raise RuntimeError("a bug in one pass")
+        return 0
+
+    monkeypatch.setattr(admin, "sync_workers", flaky)
+    loop = asyncio.create_task(admin.sync_forever(0.001))
+    try:
+        await until(lambda: len(passes) >= 3)
+    finally:
+        loop.cancel()

@@ -188,6 +188,8 @@ class LoraAdmin:
                 await self.sync_workers()
             except ProxyError as exc:
                 log.warning("LoRA sync pass failed: %s", exc.message)
+            except Exception:  # a bug must not end background sync for the proxy's lifetime
+                log.exception("LoRA sync pass failed; the next runs in %g s", interval_s)
 
     async def load_modules(self, modules) -> None:
         """vLLM's --lora-modules: (name, path) pairs loaded once SGLang is up."""
