@@ -395,3 +395,14 @@ async def test_background_sync_survives_an_unexpected_error(proxy, monkeypatch):
         await until(lambda: len(passes) >= 3)
     finally:
         loop.cancel()
+
+
+async def test_a_sync_pass_unloads_leftovers_and_forgets_them(proxy, sim, aiohttp_client, tmp_path):
+    admin, path = proxy.app[LORA], str(write_adapter(tmp_path))
+    sim_client = await aiohttp_client(sim)
+    loaded = await sim_client.post("/load_lora_adapter", json={"lora_name": "old@v1", "lora_path": path})
+    assert loaded.status == 200  # a retired adapter whose unload failed earlier
+    admin.garbage.add("old@v1")
+    await admin.sync_workers()
+    assert sim_adapters(sim) == {} and admin.garbage == set()
+    assert await admin.sync_workers() == 0  # nothing left to do

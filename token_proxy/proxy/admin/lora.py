@@ -113,10 +113,12 @@ class LoraAdmin:
                         ", ".join(r.url for r in replies if r not in unloaded))
 
     def retire_later(self, adapter: Adapter) -> None:
-        """In the background (also the registry's on_idle: the last request on a retired adapter ended)."""
-        self.garbage.add(adapter.internal)
+        """In the background (also the registry's on_idle: the last request on a retired adapter ended);
+        with nothing to spawn it on, the next sync pass unloads it."""
         if self.plane.spawn is not None:
             self.plane.spawn(self.retire(adapter))
+        else:
+            self.garbage.add(adapter.internal)
 
     async def _load_everywhere(self, internal: str, path: str, urls: list[str]) -> None:
         body = {"lora_name": internal, "lora_path": path}
@@ -147,12 +149,16 @@ class LoraAdmin:
         """Load what each worker lacks (it restarted, or joined), unload leftovers; returns loads made."""
         if not self.registry.held() and not self.garbage:
             return 0
-        made = 0
+        made, examined, left = 0, set(self.garbage), set()
         async with self.lock:  # no load switches versions meanwhile
             for url in await self.plane.worker_urls():
                 listed = await self._listed(url)
-                if listed is not None:  # else down: the next pass sees it again
-                    made += await self._sync_one(url, listed)
+                if listed is None:  # down: the next pass sees it again
+                    left |= examined
+                    continue
+                made += await self._sync_one(url, listed)
+                left |= await self._unload_leftovers(url, examined & listed)
+        self.garbage -= examined - left  # gone from every worker
         return made
 
     async def _sync_one(self, url: str, listed: set[str]) -> int:
@@ -160,10 +166,17 @@ class LoraAdmin:
         for adapter in self.registry.held():
             if adapter.internal not in listed and adapter in self.registry.held():  # not retired meanwhile
                 made += await self._reload_on(url, adapter)
-        for internal in self.garbage & listed:
-            await self.plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": internal},
-                                     self.plane.settings.admin_timeout_s, [url])
         return made
+
+    async def _unload_leftovers(self, url: str, leftovers: set[str]) -> set[str]:
+        """Unload retired adapters a worker still lists; returns those it still holds."""
+        left = set()
+        for internal in leftovers:
+            [reply] = await self.plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": internal},
+                                               self.plane.settings.admin_timeout_s, [url])
+            if not (reply.ok or "does not exist" in reply.message):
+                left.add(internal)
+        return left
 
     async def _listed(self, url: str) -> set[str] | None:
         [reply] = await self.plane.fan_out("GET", "/v1/models", None, SHORT_TIMEOUT_S, [url])
