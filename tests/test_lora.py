@@ -406,3 +406,27 @@ async def test_a_sync_pass_unloads_leftovers_and_forgets_them(proxy, sim, aiohtt
     await admin.sync_workers()
     assert sim_adapters(sim) == {} and admin.garbage == set()
     assert await admin.sync_workers() == 0  # nothing left to do
+
+
+async def test_requests_refused_for_a_lost_adapter_share_one_sync_pass(proxy, monkeypatch):
+    admin, passes = proxy.app[LORA], []
+
+    async def one_pass():
+        passes.append(1)
+        await asyncio.sleep(0.05)
+        return 1
+
+    monkeypatch.setattr(admin, "sync_workers", one_pass)
+
+    def sender():
+        refused = []
+
+        async def send():
+            if not refused:
+                refused.append(1)
+                raise InvalidRequest("The following requested LoRA adapters are not loaded: policy@v1")
+            return "sent"
+        return send
+
+    assert await asyncio.gather(*(retry_if_lost(admin, sender()) for _ in range(5))) == ["sent"] * 5
+    assert len(passes) == 1

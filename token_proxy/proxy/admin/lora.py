@@ -67,6 +67,7 @@ class LoraAdmin:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Internal names unloaded (or to unload) from every worker; a sync pass removes leftovers.
     garbage: set[str] = field(default_factory=set)
+    _resync: asyncio.Future | None = field(default=None, repr=False)  # the pass lost-adapter retries share
 
     @property
     def timeout_s(self) -> float:
@@ -161,6 +162,13 @@ class LoraAdmin:
         self.garbage -= examined - left  # gone from every worker
         return made
 
+    async def resync(self) -> int:
+        """One sync pass shared by every caller that asks while it runs: N requests refused for a lost
+        adapter wait on one pass, not N."""
+        if self._resync is None or self._resync.done():
+            self._resync = asyncio.ensure_future(self.sync_workers())
+        return await asyncio.shield(self._resync)
+
     async def _sync_one(self, url: str, listed: set[str]) -> int:
         made = 0
         for adapter in self.registry.held():
@@ -221,7 +229,7 @@ async def retry_if_lost(admin: LoraAdmin, send):
     except ProxyError as exc:
         if not is_lost_adapter_error(exc.message):
             raise
-        await admin.sync_workers()
+        await admin.resync()
         return await send()
 
 
