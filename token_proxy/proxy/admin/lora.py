@@ -15,7 +15,7 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.proxy.admin import lora_files
 from token_proxy.proxy.admin.lora_registry import Adapter, AdapterRegistry
-from token_proxy.proxy.admin.workers import AdminPlane, WorkerReply
+from token_proxy.proxy.admin.workers import AdminPlane, WorkerReply, server_infos
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +141,8 @@ class LoraAdmin:
         if not (self.plane.settings.check_local_paths and lora_files.check.looks_local(path)):
             return
         config = lora_files.read_config(name, path)
-        replies = await self.plane.fan_out("GET", "/server_info", None, SHORT_TIMEOUT_S, urls)
-        for reply in replies:
-            if reply.ok and isinstance(reply.body, dict):
-                lora_files.check_fits(name, config, lora_files.limits_of(reply.body), reply.url)
+        for url, info in zip(urls, await server_infos(self.plane, urls, strict=False)):  # the load names one down
+            lora_files.check_fits(name, config, lora_files.limits_of(info), url)
 
     async def sync_workers(self) -> int:
         """Load what each worker lacks (it restarted, or joined), unload leftovers; returns loads made."""

@@ -57,6 +57,7 @@ from token_proxy.proxy.admin.workers import (
     WorkerReply,
     failure_status,
     raise_for_failures,
+    server_infos,
 )
 from token_proxy.proxy.http_io import json_response, read_json
 
@@ -471,16 +472,6 @@ async def collective_rpc(request: web.Request) -> web.Response:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-async def server_infos(plane: AdminPlane, urls: list[str]) -> list[dict]:
-    replies = await plane.fan_out("GET", "/server_info", None, fleet.READ_TIMEOUT_S, urls)
-    out = []
-    for reply in replies:
-        if not reply.ok or not isinstance(reply.body, dict):
-            raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
-        out.append(reply.body)
-    return out
-
 
 async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str) -> None:
     """Until no worker runs or queues a request (/v1/loads), or 504."""

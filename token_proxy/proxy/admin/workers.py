@@ -24,6 +24,7 @@ from token_proxy.settings import Settings
 log = logging.getLogger(__name__)
 
 DISCOVERY_TIMEOUT_S = 10.0
+SERVER_INFO_TIMEOUT_S = 30.0
 
 
 class WorkerFailed(ProxyError):
@@ -201,6 +202,21 @@ def _listed_urls(raw: bytes) -> list[str] | None:
     if not isinstance(workers, list):
         return None
     return [w["url"].rstrip("/") for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
+
+
+async def server_infos(plane: AdminPlane, urls: list[str], strict: bool = True) -> list[dict]:
+    """Each worker's /server_info (the flags it runs with). One that cannot say is an error naming it
+    (503 unreachable, else 502), or with strict=False an empty dict (nothing known about it)."""
+    replies = await plane.fan_out("GET", "/server_info", None, SERVER_INFO_TIMEOUT_S, urls)
+    out = []
+    for reply in replies:
+        info = reply.body if reply.ok else None
+        if not isinstance(info, dict):
+            if strict:
+                raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
+            info = {}
+        out.append(info)
+    return out
 
 
 def raise_for_failures(action: str, replies: list[WorkerReply]) -> None:
