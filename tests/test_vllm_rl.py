@@ -11,6 +11,11 @@ import pytest
 from admin_fixtures import free_port, until
 
 from token_proxy.proxy.admin.workers import ADMIN
+from token_proxy.proxy.upstream.aborts import response_id_of
+from token_proxy.proxy.upstream.context import CONTEXT
+from token_proxy.schemas.sampling import SamplingRequest
+from token_proxy.schemas.sglang_api import features_for
+from token_proxy.schemas.sglang_payload import sglang_request
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse
@@ -142,7 +147,26 @@ async def test_abort_requests_all_and_by_id(fleet2):
     assert await post(proxy, "/abort_requests", json={}) == {"status": "aborted", "aborted": 2}
     assert [finish_reason(r) for r in await asyncio.wait_for(asyncio.gather(*rollouts), 10)] == ["abort"] * 2
     assert await post(proxy, "/abort_requests", json={"request_ids": ["chatcmpl-x"]}) == {
+        "status": "aborted", "aborted": 0}  # no such request in flight
+
+
+async def test_abort_by_id_reaches_every_sample_of_an_n_request(fleet2):
+    proxy, sims = fleet2
+
+    async def rollout():
+        response = await proxy.post("/v1/chat/completions", headers={"X-Request-Id": "rollout-7"},
+                                    data=orjson.dumps({**LONG, "n": 2, "seed": 1, "stream": True}))
+        return parse_sse(await response.read())
+
+    task = asyncio.create_task(rollout())
+    await until(lambda: sorted(state(sims[0]).running) == ["chatcmpl-rollout-7-0", "chatcmpl-rollout-7-1"])
+    assert proxy.app[CONTEXT].in_flight == {"chatcmpl-rollout-7": ["chatcmpl-rollout-7-0", "chatcmpl-rollout-7-1"]}
+    assert await post(proxy, "/abort_requests", json={"request_ids": ["chatcmpl-rollout-7", "chatcmpl-gone"]}) == {
         "status": "aborted", "aborted": 1}
+    events = await asyncio.wait_for(task, 10)
+    finishes = {c["index"]: c["finish_reason"] for e in events[:-1] for c in e["choices"] if c.get("finish_reason")}
+    assert finishes == {0: "abort", 1: "abort"}
+    assert proxy.app[CONTEXT].in_flight == {}
     assert (await post(proxy, "/abort_requests", 400, json={"request_ids": "x"}))["error"]["param"] == "request_ids"
 
 
@@ -388,3 +412,12 @@ async def test_finish_after_a_failed_receive_is_refused_until_the_weights_arrive
     assert [state(s).weight_version for s in sims] == ["v1", "v1"]
     assert await post(proxy, "/resume") == {"status": "resumed"}
     assert not any(state(s).paused for s in sims)
+
+
+@pytest.mark.parametrize("prompts,n,seed,version", [
+    (1, 1, None, "0.5.17"), (1, 3, 5, "0.5.17"), (1, 12, None, "0.5.23"), (2, 1, None, "0.5.17"),
+    (3, 2, 7, "0.5.17"), (11, 2, None, "0.5.23")])
+def test_every_payload_shape_maps_its_rids_back_to_the_response_id(prompts, n, seed, version):
+    call = sglang_request([FOX] * prompts, SamplingRequest(n=n, seed=seed), [4] * prompts,
+                          rid="chatcmpl-a-1-0", stream=False, api=features_for(version))
+    assert response_id_of(call.rids) == "chatcmpl-a-1-0"

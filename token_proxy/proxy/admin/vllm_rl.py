@@ -60,6 +60,7 @@ from token_proxy.proxy.admin.workers import (
     server_infos,
 )
 from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.proxy.upstream.context import CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +149,13 @@ async def abort_requests(request: web.Request) -> web.Response:
         raise InvalidRequest("request_ids must be a list of request id strings", param="request_ids")
     urls = await plane.worker_urls()
     timeout_s = plane.settings.admin_timeout_s
-    if ids:
-        replies = [r for rid in ids for r in await plane.fan_out("POST", "/abort_request", {"rid": rid},
-                                                                     timeout_s, urls)]
-        count = len(ids)
+    if ids:  # a response id stands for its SGLang rids (n samples, several prompts: `<id>-<i>`)
+        in_flight = request.app[CONTEXT].in_flight
+        rids = [rid for request_id in ids for rid in in_flight.get(request_id, [request_id])]
+        count = sum(request_id in in_flight for request_id in ids)
+        sent = await asyncio.gather(*(plane.fan_out("POST", "/abort_request", {"rid": rid}, timeout_s, urls)
+                                      for rid in rids))
+        replies = [r for per_rid in sent for r in per_rid]
     else:
         count = sum(pending(r) or 0 for r in await read_pending(plane, urls, timeout_s))
         replies = await plane.fan_out("POST", "/abort_request", {"abort_all": True}, timeout_s, urls)
