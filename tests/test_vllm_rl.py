@@ -209,6 +209,9 @@ async def test_sleep_level_0_pauses_only(fleet2):
     assert await post(proxy, "/wake_up", params={"tags": "scheduling"}) == {"status": "awake",
                                                                             "tags": ["scheduling"]}
     assert not any(state(s).paused for s in sims)
+    await post(proxy, "/sleep", params={"level": "0"})
+    assert await post(proxy, "/resume") == {"status": "resumed"}
+    assert await get(proxy, "/is_sleeping") == {"is_sleeping": False}
 
 
 async def test_sleep_refuses_what_sglang_cannot_do(make_sim, make_proxy):

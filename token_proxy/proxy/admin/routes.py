@@ -63,6 +63,7 @@ async def resume(request: web.Request) -> web.Response:
     fleet.refuse_resume(plane, check.query_flag(request.query, "force", False))
     vllm_rl.refuse_resume_while_asleep(request.app)
     await fleet.resume_all(plane, await plane.worker_urls())
+    vllm_rl.note_awake(request.app)
     return json_response({"status": "resumed"})
 
 

@@ -4,12 +4,12 @@ in vLLM's request and reply shapes, on every worker behind the proxy.
 | vLLM route | SGLang |
 |---|---|
 | POST /pause ?mode=abort|wait|keep&clear_cache | /pause_generation abort / (drain, then in_place) / --pause-mode; /flush_cache |
-| POST /resume, GET /is_paused | /continue_generation; the proxy's record (SGLang cannot be asked) |
-| POST /abort_requests {"request_ids"} | /abort_request {"rid"} each, or {"abort_all": true} |
+| POST /resume, GET /is_paused | /continue_generation (409 while an update runs); the proxy's record |
+| POST /abort_requests {"request_ids"} | /abort_request {"rid"} for each SGLang rid of each id, or {"abort_all": true} |
 | POST /sleep ?level=0|1|2&mode | pause, then /release_memory_occupation (all tags) once idle |
-| POST /wake_up ?tags=.. , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back |
+| POST /wake_up ?tags=.. , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back, if /sleep paused |
 | POST /release_kv_cache_memory | /release_memory_occupation {"tags": ["kv_cache"]} |
-| POST /reset_prefix_cache | /flush_cache |
+| POST /reset_prefix_cache | /flush_cache (a busy worker is owed it: flush.py) |
 | POST /init_weight_transfer_engine {"init_info"} | /init_weights_update_group (each worker its own rank_offset) |
 | POST /shutdown_weight_transfer_engine | /destroy_weights_update_group |
 | POST /start_weight_update, /update_weights {"update_info"}, /finish_weight_update {"weight_version"} | /update_weights_from_distributed per update; /update_weight_version, verify, flush |
@@ -115,6 +115,12 @@ def refuse_resume_while_asleep(app: web.Application) -> None:
     if VLLM_RL in app and app[VLLM_RL].released:
         raise fleet.Conflict(f"memory is released ({', '.join(sorted(app[VLLM_RL].released))}): POST /wake_up "
                              "before /resume, or SGLang would run on memory it gave back")
+
+
+def note_awake(app: web.Application) -> None:
+    """A /resume after a level-0 sleep (nothing released) ends the sleep too."""
+    if VLLM_RL in app:
+        app[VLLM_RL].asleep = False
 
 
 # --- pause / resume ------------------------------------------------------------------------------
