@@ -176,7 +176,12 @@ async def test_fan_out_reaches_every_worker_and_names_the_one_down(make_sim, mak
     assert response.status == 503  # worth a retry, as prime-rl does on 5xx
     assert body["error"]["message"].startswith(f"pause failed on 1 of 3 worker(s): {dead}: SGLang at {dead} is "
                                                "unreachable")
-    assert state(first).paused and state(second).paused  # the live ones were paused, concurrently
+    assert body["error"]["message"].endswith("; the workers that paused were resumed (nothing changed)")
+    assert not state(first).paused and not state(second).paused  # a partial pause is undone
+    assert await (await proxy.get("/is_paused")).json() == {"is_paused": False}
+    vllm = await proxy.post("/pause", params={"mode": "abort"})  # vLLM's dialect: the same rule
+    assert vllm.status == 503 and not state(first).paused and not state(second).paused
+    assert await (await proxy.get("/is_paused")).json() == {"is_paused": False}
 
     healthy = await make_proxy(first, workers=tuple(urls))
     assert await (await healthy.post("/resume")).json() == {"status": "resumed"}

@@ -183,7 +183,9 @@ async def test_resume_can_be_forced_through_a_hold(fleet3, tmp_path):
     assert response.status == 400 and body["outcome"] == "held_paused"
     assert [state(s).weight_version for s in sims] == ["1", "default", "1"]
     assert (await proxy.post("/resume")).status == 409
-    forced = await proxy.post("/resume", params={"force": "true"})
+    refused = await proxy.post("/resume", params={"force": "maybe"})
+    assert refused.status == 400 and (await refused.json())["error"]["param"] == "force"
+    forced = await proxy.post("/resume", params={"force": "1"})  # the flag rule of every admin route
     assert (forced.status, await forced.json()) == (200, {"status": "resumed"})
     assert not any(state(s).paused for s in sims)
 
@@ -197,3 +199,50 @@ async def test_prime_rl_paused_fleet_stays_paused_for_its_own_resume(fleet3, tmp
     assert response.status == 400 and (await response.json())["outcome"] == "rolled_back"
     assert all(state(s).paused for s in sims)  # prime-rl paused; prime-rl resumes (in its finally)
     assert await (await proxy.post("/resume")).json() == {"status": "resumed"}
+
+
+async def test_concurrent_updates_run_one_after_the_other(fleet3, tmp_path):
+    make, sims = fleet3
+    proxy = await make()
+    inject(sims[0], {"kind": "delay", "delay_s": 0.3})
+    inject(sims[1], {"kind": "fail", "message": "Failed to get weights iterator: disk full."})
+    first = asyncio.create_task(proxy.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_1")}))
+    await until(lambda: all(state(s).paused for s in sims))
+    second = await proxy.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_2")})
+    first = await first
+    assert (first.status, (await first.json())["outcome"]) == (400, "rolled_back")
+    assert (second.status, await second.json()) == (200, {"status": "ok", "weight_version": "2"})
+    assert [state(s).weight_version for s in sims] == ["2", "2", "2"]  # the rollback undid only its own update
+    assert not any(state(s).paused for s in sims)
+
+
+async def test_resume_during_an_update_is_refused_and_the_pause_is_recorded(fleet3, tmp_path):
+    make, sims = fleet3
+    proxy = await make()
+    inject(sims[2], {"kind": "delay", "delay_s": 0.4})
+    update = asyncio.create_task(proxy.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_1")}))
+    await until(lambda: all(state(s).paused for s in sims))
+    assert await (await proxy.get("/is_paused")).json() == {"is_paused": True}
+    refused = await proxy.post("/resume")
+    assert refused.status == 409 and (await refused.json())["error"]["message"] == (
+        "a weight update is in progress: it resumes the workers it paused when it ends")
+    assert all(state(s).paused for s in sims)  # still paused: no worker serves a mixed fleet
+    response = await update
+    assert (response.status, await response.json()) == (200, {"status": "ok", "weight_version": "1"})
+    assert not any(state(s).paused for s in sims)
+    assert await (await proxy.get("/is_paused")).json() == {"is_paused": False}
+
+
+async def test_a_worker_that_does_not_resume_after_an_update_is_named(fleet3, tmp_path):
+    make, sims = fleet3
+    proxy = await make()
+    inject(sims[2], {"kind": "fail", "path": "/continue_generation", "message": "Scheduler is busy."})
+    response = await proxy.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_1")})
+    assert response.status == 400 and (await response.json())["error"]["message"] == (
+        f"update_weights landed on every worker (version 1), but resume failed on 1 of 3 worker(s): "
+        f"{url_of(sims[2])}: Scheduler is busy.")
+    assert [state(s).weight_version for s in sims] == ["1", "1", "1"]
+    assert [state(s).paused for s in sims] == [False, False, True]
+    assert await (await proxy.get("/is_paused")).json() == {"is_paused": True}  # so /resume is sent again
+    assert await (await proxy.post("/resume")).json() == {"status": "resumed"}
+    assert not any(state(s).paused for s in sims)

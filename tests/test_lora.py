@@ -378,3 +378,55 @@ async def test_prime_rl_loader_retries_until_a_late_step_directory_appears(proxy
     await until(lambda: sim_adapters(sim) == {})
     with pytest.raises(NotFound):
         proxy.app[ADAPTERS].resolve("policy-lora")
+
+
+async def test_background_sync_survives_an_unexpected_error(proxy, monkeypatch):
+    admin, passes = proxy.app[LORA], []
+
+    async def flaky():
+        passes.append(1)
+        if len(passes) == 1:
+            raise RuntimeError("a bug in one pass")
+        return 0
+
+    monkeypatch.setattr(admin, "sync_workers", flaky)
+    loop = asyncio.create_task(admin.sync_forever(0.001))
+    try:
+        await until(lambda: len(passes) >= 3)
+    finally:
+        loop.cancel()
+
+
+async def test_a_sync_pass_unloads_leftovers_and_forgets_them(proxy, sim, aiohttp_client, tmp_path):
+    admin, path = proxy.app[LORA], str(write_adapter(tmp_path))
+    sim_client = await aiohttp_client(sim)
+    loaded = await sim_client.post("/load_lora_adapter", json={"lora_name": "old@v1", "lora_path": path})
+    assert loaded.status == 200  # a retired adapter whose unload failed earlier
+    admin.garbage.add("old@v1")
+    await admin.sync_workers()
+    assert sim_adapters(sim) == {} and admin.garbage == set()
+    assert await admin.sync_workers() == 0  # nothing left to do
+
+
+async def test_requests_refused_for_a_lost_adapter_share_one_sync_pass(proxy, monkeypatch):
+    admin, passes = proxy.app[LORA], []
+
+    async def one_pass():
+        passes.append(1)
+        await asyncio.sleep(0.05)
+        return 1
+
+    monkeypatch.setattr(admin, "sync_workers", one_pass)
+
+    def sender():
+        refused = []
+
+        async def send():
+            if not refused:
+                refused.append(1)
+                raise InvalidRequest("The following requested LoRA adapters are not loaded: policy@v1")
+            return "sent"
+        return send
+
+    assert await asyncio.gather(*(retry_if_lost(admin, sender()) for _ in range(5))) == ["sent"] * 5
+    assert len(passes) == 1

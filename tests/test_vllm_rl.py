@@ -8,10 +8,16 @@ import time
 
 import orjson
 import pytest
-from admin_fixtures import until
+from admin_fixtures import free_port, until
 
 from token_proxy.proxy.admin.workers import ADMIN
+from token_proxy.proxy.upstream.aborts import response_id_of
+from token_proxy.proxy.upstream.context import CONTEXT
+from token_proxy.schemas.sampling import SamplingRequest
+from token_proxy.schemas.sglang_api import features_for
+from token_proxy.schemas.sglang_payload import sglang_request
 from token_proxy.simulator import SIM_STATE, params
+from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse
 from token_proxy.simulator.weight_routes import WEIGHTS
 
@@ -141,7 +147,26 @@ async def test_abort_requests_all_and_by_id(fleet2):
     assert await post(proxy, "/abort_requests", json={}) == {"status": "aborted", "aborted": 2}
     assert [finish_reason(r) for r in await asyncio.wait_for(asyncio.gather(*rollouts), 10)] == ["abort"] * 2
     assert await post(proxy, "/abort_requests", json={"request_ids": ["chatcmpl-x"]}) == {
+        "status": "aborted", "aborted": 0}  # no such request in flight
+
+
+async def test_abort_by_id_reaches_every_sample_of_an_n_request(fleet2):
+    proxy, sims = fleet2
+
+    async def rollout():
+        response = await proxy.post("/v1/chat/completions", headers={"X-Request-Id": "rollout-7"},
+                                    data=orjson.dumps({**LONG, "n": 2, "seed": 1, "stream": True}))
+        return parse_sse(await response.read())
+
+    task = asyncio.create_task(rollout())
+    await until(lambda: sorted(state(sims[0]).running) == ["chatcmpl-rollout-7-0", "chatcmpl-rollout-7-1"])
+    assert proxy.app[CONTEXT].in_flight == {"chatcmpl-rollout-7": ["chatcmpl-rollout-7-0", "chatcmpl-rollout-7-1"]}
+    assert await post(proxy, "/abort_requests", json={"request_ids": ["chatcmpl-rollout-7", "chatcmpl-gone"]}) == {
         "status": "aborted", "aborted": 1}
+    events = await asyncio.wait_for(task, 10)
+    finishes = {c["index"]: c["finish_reason"] for e in events[:-1] for c in e["choices"] if c.get("finish_reason")}
+    assert finishes == {0: "abort", 1: "abort"}
+    assert proxy.app[CONTEXT].in_flight == {}
     assert (await post(proxy, "/abort_requests", 400, json={"request_ids": "x"}))["error"]["param"] == "request_ids"
 
 
@@ -184,6 +209,9 @@ async def test_sleep_level_0_pauses_only(fleet2):
     assert await post(proxy, "/wake_up", params={"tags": "scheduling"}) == {"status": "awake",
                                                                             "tags": ["scheduling"]}
     assert not any(state(s).paused for s in sims)
+    await post(proxy, "/sleep", params={"level": "0"})
+    assert await post(proxy, "/resume") == {"status": "resumed"}
+    assert await get(proxy, "/is_sleeping") == {"is_sleeping": False}
 
 
 async def test_sleep_refuses_what_sglang_cannot_do(make_sim, make_proxy):
@@ -213,7 +241,17 @@ async def test_release_kv_cache_memory_needs_a_completed_pause(fleet2):
     assert all(s.app[WEIGHTS].released == {"kv_cache"} for s in sims)
     assert await get(proxy, "/is_sleeping") == {"is_sleeping": True}
     assert await post(proxy, "/wake_up", params={"tags": "kv_cache"}) == {"status": "awake", "tags": ["kv_cache"]}
-    assert not any(state(s).paused for s in sims)
+    assert all(state(s).paused for s in sims)  # the trainer's /pause is the trainer's to end
+    assert await post(proxy, "/resume") == {"status": "resumed"}
+
+
+async def test_a_plain_pause_is_not_sleep_and_wake_up_keeps_it(fleet2):
+    proxy, sims = fleet2
+    await post(proxy, "/pause", params={"mode": "abort"})
+    assert await get(proxy, "/is_sleeping") == {"is_sleeping": False}
+    assert await post(proxy, "/wake_up") == {"status": "awake", "tags": None}
+    assert all(state(s).paused for s in sims)
+    assert await get(proxy, "/is_paused") == {"is_paused": True}
 
 
 async def test_reset_prefix_cache(fleet2):
@@ -222,12 +260,24 @@ async def test_reset_prefix_cache(fleet2):
         state(sim).prefix_cache.insert(FOX)
     assert await post(proxy, "/reset_prefix_cache") == {"success": True}
     assert all(state(s).prefix_cache.match(FOX) == 0 for s in sims)
+    for sim in sims:
+        state(sim).prefix_cache.insert(FOX)
     rollout = asyncio.create_task(chat_stream(proxy, LONG))
     await until(lambda: state(sims[0]).running)
     assert await post(proxy, "/reset_prefix_cache") == {"success": False}  # busy: vLLM says so, callers retry
+    assert state(sims[1]).prefix_cache.match(FOX) == 0 and state(sims[0]).prefix_cache.match(FOX) > 0
     refused = await post(proxy, "/reset_prefix_cache", 501, params={"reset_running_requests": "true"})
     assert refused["error"]["type"] == "NotImplementedError"
     await rollout
+    await until(lambda: state(sims[0]).prefix_cache.match(FOX) == 0, 5)  # the flush it was owed, once idle
+
+
+async def test_reset_prefix_cache_names_an_unreachable_worker(make_sim, make_proxy):
+    live = await make_sim()
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy = await make_proxy(live, workers=(url_of(live), dead))
+    refused = await post(proxy, "/reset_prefix_cache", 503)
+    assert refused["error"]["message"].startswith(f"reset_prefix_cache failed on 1 of 2 worker(s): {dead}: ")
 
 
 # --- info -----------------------------------------------------------------------------------------
@@ -333,3 +383,44 @@ async def test_bad_vllm_bodies_are_400s_naming_the_field(proxy):
         "update_info.names")
     assert (await post(proxy, "/finish_weight_update", 400, json={"weight_version": 3}))["error"]["param"] == (
         "weight_version")
+
+
+async def test_a_failed_nccl_receive_is_the_fleets_error_body_not_a_500(fleet2, fake_group):
+    proxy, sims = fleet2
+    await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
+    sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
+    body = await post(proxy, "/update_weights", 400, json={"update_info": META})
+    assert (body["outcome"], body["weight_version"]) == ("rolled_back", "default")
+    assert body["error"]["type"] == "AdminCallFailed" and body["error"]["code"] == 400
+    assert [(w["url"], w["success"]) for w in body["workers"]] == [(url_of(sims[0]), True), (url_of(sims[1]), False)]
+    sims[0].app[RL_SIM].faults.append({"kind": "fail"})
+    rpc = await post(proxy, "/collective_rpc", 400, json={"method": "update_weights_nccl",
+                                                          "kwargs": {"update_info": META}})
+    assert rpc["outcome"] == "rolled_back"
+
+
+async def test_finish_after_a_failed_receive_is_refused_until_the_weights_arrive_everywhere(fleet2, fake_group):
+    proxy, sims = fleet2
+    proxy.app[ADMIN].loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
+    await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
+    sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
+    assert (await post(proxy, "/update_weights", 400, json={"update_info": META}))["outcome"] == "held_paused"
+    refused = await post(proxy, "/finish_weight_update", 409, json={"weight_version": "v1"})
+    assert refused["error"]["message"].startswith("finish_weight_update: the workers are held paused after a failed")
+    assert [state(s).weight_version for s in sims] == ["default", "default"]  # no version set on a lie
+    assert (await post(proxy, "/resume", 409))["error"]["type"] == "ConflictError"
+    assert await post(proxy, "/update_weights", json={"update_info": META}) == {"message": "Weights updated"}
+    assert await post(proxy, "/finish_weight_update", json={"weight_version": "v1"}) == {
+        "message": "Weight update finished"}
+    assert [state(s).weight_version for s in sims] == ["v1", "v1"]
+    assert await post(proxy, "/resume") == {"status": "resumed"}
+    assert not any(state(s).paused for s in sims)
+
+
+@pytest.mark.parametrize("prompts,n,seed,version", [
+    (1, 1, None, "0.5.17"), (1, 3, 5, "0.5.17"), (1, 12, None, "0.5.23"), (2, 1, None, "0.5.17"),
+    (3, 2, 7, "0.5.17"), (11, 2, None, "0.5.23")])
+def test_every_payload_shape_maps_its_rids_back_to_the_response_id(prompts, n, seed, version):
+    call = sglang_request([FOX] * prompts, SamplingRequest(n=n, seed=seed), [4] * prompts,
+                          rid="chatcmpl-a-1-0", stream=False, api=features_for(version))
+    assert response_id_of(call.rids) == "chatcmpl-a-1-0"

@@ -11,6 +11,7 @@
   with a shorter timeout gives up, the update still lands); restart = the process dies mid-update (every
   in-flight request and this call's connection are cut) and comes back `restart_s` later with the
   weights and version it started with, unpaused.
+  A fault with a "path" (e.g. "/continue_generation") is taken by the next call to that route instead.
 """
 
 from __future__ import annotations
@@ -99,21 +100,33 @@ async def list_faults(request: web.Request) -> web.Response:
 
 @web.middleware
 async def one_update_at_a_time(request: web.Request, handler) -> web.StreamResponse:
-    if request.path not in UPDATE_PATHS:
-        return await handler(request)
     rl = request.app[RL_SIM]
+    if request.path not in UPDATE_PATHS:
+        fault = _take_fault(rl, request.path)
+        return await (_faulty(request, handler, fault) if fault else handler(request))
     await request.read()  # read the body before waiting: the caller may give up meanwhile
     async with rl.update_lock:
-        fault = rl.faults.pop(0) if rl.faults else None
-        kind = fault and fault["kind"]
-        if kind == "fail":
-            message = fault.get("message") or "Failed to update weights: injected failure."
-            return json_response({"success": False, "message": message}, 400)
-        if kind == "delay":
-            await asyncio.sleep(float(fault.get("delay_s", 1.0)))
-        if kind == "restart":
-            return await _restart(request, float(fault.get("restart_s", 0.2)))
-        return await handler(request)
+        return await _faulty(request, handler, _take_fault(rl, request.path))
+
+
+def _take_fault(rl: RlSim, path: str) -> dict | None:
+    """The first fault queued for this route (one without a "path" is for the next weight update)."""
+    for i, fault in enumerate(rl.faults):
+        if fault.get("path", path if path in UPDATE_PATHS else None) == path:
+            return rl.faults.pop(i)
+    return None
+
+
+async def _faulty(request: web.Request, handler, fault: dict | None) -> web.StreamResponse:
+    kind = fault and fault["kind"]
+    if kind == "fail":
+        message = fault.get("message") or "Failed to update weights: injected failure."
+        return json_response({"success": False, "message": message}, 400)
+    if kind == "delay":
+        await asyncio.sleep(float(fault.get("delay_s", 1.0)))
+    if kind == "restart":
+        return await _restart(request, float(fault.get("restart_s", 0.2)))
+    return await handler(request)
 
 
 async def _restart(request: web.Request, restart_s: float) -> web.StreamResponse:

@@ -20,6 +20,18 @@ DTYPES = frozenset({
 })
 
 
+def query_flag(query, name: str, default: bool) -> bool:
+    """A true/false query parameter (true/1/yes/on, false/0/no/off, any case); anything else is a 400."""
+    value = query.get(name)
+    if value is None:
+        return default
+    if value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise InvalidRequest(f"{name} must be true or false, got {value!r}", param=name)
+
+
 def port(value, param: str) -> int:
     # Port 0 never errors: torch waits for a master that does not exist (golden/extra_run3).
     if not _is_int(value) or not 1 <= value <= 65535:

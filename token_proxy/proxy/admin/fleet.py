@@ -17,6 +17,10 @@ When a worker fails (refuses, times out, restarts mid-update), the policy is ROL
   every worker is paused again (a restarted one comes back unpaused) and stays paused: /resume answers 409
   naming each worker and its version until an update brings every worker to one version, or a caller
   forces it with /resume?force=true. The reply says `outcome: held_paused`.
+One transaction at a time: every update (from disk, NCCL receive / finish, sleep, wake-up, group join) runs
+under the plane's update lock, so a second one waits for the first to end (a rollback never undoes another
+caller's update); meanwhile /resume answers 409 ("a weight update is in progress"). Pause and resume never
+take the lock, so a trainer's own /pause before an update cannot deadlock with it.
 Requests in flight meanwhile are paused by SGLang (retract / in_place) and finish on one version: the old
 one after a rollback, the new one after a success. A worker that restarts drops its own requests; the
 proxy's data path ends those with an error, never silently.
@@ -27,15 +31,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NoReturn
-
-from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, InvalidRequest
 from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
-from token_proxy.proxy.admin.workers import AdminPlane, WorkerFailed, WorkerReply, failure_status
-from token_proxy.proxy.http_io import json_response
+from token_proxy.proxy.admin.workers import (
+    AdminPlane,
+    WorkerFailed,
+    WorkerReply,
+    failure_status,
+    raise_for_failures,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +68,31 @@ class WorkerResult:
         return out
 
 
-@dataclass
-class FleetFailed(Exception):
-    """A fleet update that did not land everywhere; rendered with each worker's result."""
+class FleetFailed(WorkerFailed):
+    """A fleet update that did not land everywhere: OpenAI's error body plus the outcome and each worker's
+    result (the one error middleware renders `body()`)."""
 
-    status: int
-    message: str
-    outcome: str  # ROLLED_BACK or HELD
-    workers: list[WorkerResult] = field(default_factory=list)
-    weight_version: str | None = None  # what the fleet serves now (None while held)
+    def __init__(self, status: int, message: str, outcome: str, workers: list[WorkerResult],
+                 weight_version: str | None = None):
+        super().__init__(status, message)
+        self.outcome = outcome  # ROLLED_BACK or HELD
+        self.workers = workers
+        self.weight_version = weight_version  # what the fleet serves now (None while held)
 
-    def response(self) -> web.Response:
-        return json_response({
-            "error": {"message": self.message, "type": WorkerFailed.type, "param": None, "code": self.status},
-            "outcome": self.outcome, "weight_version": self.weight_version,
-            "workers": [w.as_dict() for w in self.workers]}, status=self.status)
+    def body(self) -> dict:
+        return {**super().body(), "outcome": self.outcome, "weight_version": self.weight_version,
+                "workers": [w.as_dict() for w in self.workers]}
 
 
 async def update_from_disk(plane: AdminPlane, path: str, version: str | None, action: str,
                            verify_checksum: bool = False) -> list[WorkerResult]:
     """Every worker to the checkpoint at `path` as `version`, or FleetFailed (rolled back or held)."""
+    async with plane.transaction():
+        return await _update_from_disk(plane, path, version, action, verify_checksum)
+
+
+async def _update_from_disk(plane: AdminPlane, path: str, version: str | None, action: str,
+                            verify_checksum: bool) -> list[WorkerResult]:
     urls = await plane.worker_urls()
     paused_here = await _pause_unless_paused(plane, urls)
     before_version, before_path = plane.version, plane.loaded_path
@@ -93,7 +105,7 @@ async def update_from_disk(plane: AdminPlane, path: str, version: str | None, ac
         plane.record_version(version)
         plane.loaded_path, plane.hold = path, None
         if paused_here:
-            await resume_all(plane, urls)
+            await resume_all(plane, urls, f"{action} landed on every worker (version {version}), but resume")
         return results
     await _fail(plane, urls, replies, results, action, before_version, before_path, paused_here, False)
 
@@ -140,9 +152,12 @@ async def _roll_back_or_hold(plane: AdminPlane, urls: list[str], results: list[W
         if all(r.ok for r in after):
             plane.record_version(version)
             plane.hold = None
-            if paused_here:
-                await resume_all(plane, urls)
             note = f"; every worker rolled back to version {version}" if stale else ""
+            if paused_here:
+                try:
+                    await resume_all(plane, urls)
+                except WorkerFailed as exc:
+                    note += f"; {exc.message} (POST /resume again)"
             raise FleetFailed(status, message + note, ROLLED_BACK, _annotate(results, after), version)
         results = _annotate(results, after)
         message += "; the rollback failed too: " + "; ".join(f"{r.url}: {r.message}" for r in after if not r.ok)
@@ -161,11 +176,13 @@ async def _reload(plane: AdminPlane, url: str, body: dict) -> WorkerReply:
     while _down(reply) and time.monotonic() < deadline:
         await asyncio.sleep(RETRY_DOWN_S)
         left = max(deadline - time.monotonic(), 0.1)
-        (reply,) = await plane.fan_out("POST", "/pause_generation", {"mode": plane.settings.pause_mode},
-                                       min(left, plane.settings.admin_timeout_s), [url])
-        if reply.ok:
-            (flushable,) = await safe_flush(plane, [body], [url])
-            (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable, left, [url])
+        if plane.paused:  # the rest of the fleet is paused: so must the restarted worker be
+            (reply,) = await pause_workers(plane, plane.settings.pause_mode, [url], all_or_none=False,
+                                           timeout_s=min(left, plane.settings.admin_timeout_s))
+            if not reply.ok:
+                continue
+        (flushable,) = await safe_flush(plane, [body], [url])
+        (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable, left, [url])
     (reply,) = await settle_refusals(plane, [reply], body.get("weight_version"))
     return reply
 
@@ -232,40 +249,61 @@ async def read_checksums(plane: AdminPlane, urls: list[str]) -> dict[str, str | 
 async def _pause_unless_paused(plane: AdminPlane, urls: list[str]) -> bool:
     if plane.paused:
         return False
-    replies = await plane.fan_out("POST", "/pause_generation", {"mode": plane.settings.pause_mode},
-                                  plane.settings.admin_timeout_s, urls)
-    if not all(r.ok for r in replies):
-        await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
-                            [r.url for r in replies if r.ok])
-        failed = [r for r in replies if not r.ok]
-        raise WorkerFailed(failure_status(failed), "could not pause every worker before the update (nothing "
-                           "changed): " + "; ".join(f"{r.url}: {r.message}" for r in failed))
+    await pause_workers(plane, plane.settings.pause_mode, urls, "pause before the update")
     return True
 
 
-async def resume_all(plane: AdminPlane, urls: list[str]) -> list[WorkerReply]:
+async def pause_workers(plane: AdminPlane, mode: str, urls: list[str], action: str = "pause",
+                        all_or_none: bool = True, timeout_s: float | None = None) -> list[WorkerReply]:
+    """SGLang's /pause_generation on every worker of `urls`, recorded on the plane (/is_paused, /resume).
+    All or none: a partial pause is undone (the workers that paused continue) and raised, unless the fleet
+    was paused already. A hold (all_or_none=False) pauses what it can and returns each reply."""
+    replies = await plane.fan_out("POST", "/pause_generation", {"mode": mode},
+                                  timeout_s or plane.settings.admin_timeout_s, urls)
+    failed = [r for r in replies if not r.ok]
+    if failed and all_or_none:
+        note = ""
+        if not plane.paused:
+            await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
+                                [r.url for r in replies if r.ok])
+            note = "; the workers that paused were resumed (nothing changed)"
+        raise WorkerFailed(failure_status(failed), f"{action} failed on {len(failed)} of {len(replies)} worker(s): "
+                           + "; ".join(f"{r.url}: {r.message}" for r in failed) + note)
+    plane.paused_at = time.monotonic()
+    plane.paused = True
+    return replies
+
+
+async def resume_all(plane: AdminPlane, urls: list[str], action: str = "resume") -> None:
+    """/continue_generation on every worker, then the flushes owed; a worker that stays paused is an error
+    naming it (the fleet stays recorded as paused, so /resume can be sent again)."""
     replies = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s, urls)
     if all(r.ok for r in replies):
         plane.paused = False
     if plane.spawn is not None:
         settle_owed_flushes(plane, plane.spawn)
-    return replies
+    raise_for_failures(action, replies)
 
 
 async def _hold(plane: AdminPlane, urls: list[str], message: str) -> None:
     versions = await read_versions(plane, urls)
-    await plane.fan_out("POST", "/pause_generation", {"mode": plane.settings.pause_mode},
-                        plane.settings.admin_timeout_s, urls)
-    plane.paused = True
+    await pause_workers(plane, plane.settings.pause_mode, urls, all_or_none=False)
     plane.hold = {"message": message, "worker_versions": versions}
     log.error("fleet held paused: %s", message)
 
 
-def refuse_resume_while_held(plane: AdminPlane, force: str | None) -> None:
-    """/resume while a failed update left the workers on different versions: 409 unless forced."""
+def refuse_resume(plane: AdminPlane, force: bool) -> None:
+    """/resume refused (409) while a weight update runs (its pause is its own), and while a failed update
+    left the workers on different versions (unless forced)."""
+    if plane.updating:
+        raise Conflict("a weight update is in progress: it resumes the workers it paused when it ends")
+    refuse_resume_while_held(plane, force)
+
+
+def refuse_resume_while_held(plane: AdminPlane, force: bool) -> None:
     if plane.hold is None:
         return
-    if (force or "").lower() == "true":
+    if force:
         log.warning("resume forced while held: %s", plane.hold["message"])
         plane.hold = None
         return

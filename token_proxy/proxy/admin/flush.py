@@ -95,6 +95,17 @@ async def settle_refusals(plane: AdminPlane, replies: list[WorkerReply], version
     return out
 
 
+async def flush_or_owe(plane: AdminPlane, urls: list[str]) -> list[WorkerReply]:
+    """Flush every worker's prefix cache now; one that cannot (busy: SGLang's 400, or unreachable) is owed
+    the flush, run once it is idle: at once while the fleet serves, else after /resume."""
+    replies = await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s, urls)
+    owed = [r.url for r in replies if r.status != 200]
+    plane.owed_flushes.update(owed)
+    if owed and not plane.paused and plane.spawn is not None:
+        settle_owed_flushes(plane, plane.spawn)
+    return replies
+
+
 def settle_owed_flushes(plane: AdminPlane, spawn) -> None:
     """After /resume: flush every worker that skipped its flush, as soon as it is idle."""
     for url in list(plane.owed_flushes):

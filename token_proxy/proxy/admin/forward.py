@@ -21,6 +21,7 @@ from token_proxy.proxy.admin.workers import (
     WorkerFailed,
     WorkerReply,
     failure_status,
+    server_infos,
 )
 from token_proxy.proxy.http_io import parse_json_object
 from token_proxy.proxy.upstream.context import CONTEXT
@@ -65,14 +66,10 @@ async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[
 
 async def tp_sizes(plane: AdminPlane, urls: list[str]) -> list[int]:
     """Ranks per worker (tp_size x pp_size from /server_info; data parallel cannot join a group)."""
-    replies = await plane.fan_out("GET", "/server_info", None, SHORT_TIMEOUT_S, urls)
     sizes = []
-    for reply in replies:
-        info = reply.body if reply.ok else None
-        if not isinstance(info, dict):
-            raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
+    for url, info in zip(urls, await server_infos(plane, urls)):
         if (info.get("dp_size") or 1) > 1 and not info.get("enable_dp_attention"):
-            raise InvalidRequest(f"{reply.url} runs data parallel (dp_size {info['dp_size']}); SGLang cannot "
+            raise InvalidRequest(f"{url} runs data parallel (dp_size {info['dp_size']}); SGLang cannot "
                                  "join a weight-update group that way")
         sizes.append((info.get("tp_size") or 1) * (info.get("pp_size") or 1))
     return sizes

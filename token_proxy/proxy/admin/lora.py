@@ -15,7 +15,7 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.proxy.admin import lora_files
 from token_proxy.proxy.admin.lora_registry import Adapter, AdapterRegistry
-from token_proxy.proxy.admin.workers import AdminPlane, WorkerReply
+from token_proxy.proxy.admin.workers import AdminPlane, WorkerReply, server_infos
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class LoraAdmin:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Internal names unloaded (or to unload) from every worker; a sync pass removes leftovers.
     garbage: set[str] = field(default_factory=set)
+    _resync: asyncio.Future | None = field(default=None, repr=False)  # the pass lost-adapter retries share
 
     @property
     def timeout_s(self) -> float:
@@ -113,10 +114,12 @@ class LoraAdmin:
                         ", ".join(r.url for r in replies if r not in unloaded))
 
     def retire_later(self, adapter: Adapter) -> None:
-        """In the background (also the registry's on_idle: the last request on a retired adapter ended)."""
-        self.garbage.add(adapter.internal)
+        """In the background (also the registry's on_idle: the last request on a retired adapter ended);
+        with nothing to spawn it on, the next sync pass unloads it."""
         if self.plane.spawn is not None:
             self.plane.spawn(self.retire(adapter))
+        else:
+            self.garbage.add(adapter.internal)
 
     async def _load_everywhere(self, internal: str, path: str, urls: list[str]) -> None:
         body = {"lora_name": internal, "lora_path": path}
@@ -138,32 +141,48 @@ class LoraAdmin:
         if not (self.plane.settings.check_local_paths and lora_files.check.looks_local(path)):
             return
         config = lora_files.read_config(name, path)
-        replies = await self.plane.fan_out("GET", "/server_info", None, SHORT_TIMEOUT_S, urls)
-        for reply in replies:
-            if reply.ok and isinstance(reply.body, dict):
-                lora_files.check_fits(name, config, lora_files.limits_of(reply.body), reply.url)
+        for url, info in zip(urls, await server_infos(self.plane, urls, strict=False)):  # the load names one down
+            lora_files.check_fits(name, config, lora_files.limits_of(info), url)
 
     async def sync_workers(self) -> int:
         """Load what each worker lacks (it restarted, or joined), unload leftovers; returns loads made."""
         if not self.registry.held() and not self.garbage:
             return 0
-        made = 0
+        made, examined, left = 0, set(self.garbage), set()
         async with self.lock:  # no load switches versions meanwhile
             for url in await self.plane.worker_urls():
                 listed = await self._listed(url)
-                if listed is not None:  # else down: the next pass sees it again
-                    made += await self._sync_one(url, listed)
+                if listed is None:  # down: the next pass sees it again
+                    left |= examined
+                    continue
+                made += await self._sync_one(url, listed)
+                left |= await self._unload_leftovers(url, examined & listed)
+        self.garbage -= examined - left  # gone from every worker
         return made
+
+    async def resync(self) -> int:
+        """One sync pass shared by every caller that asks while it runs: N requests refused for a lost
+        adapter wait on one pass, not N."""
+        if self._resync is None or self._resync.done():
+            self._resync = asyncio.ensure_future(self.sync_workers())
+        return await asyncio.shield(self._resync)
 
     async def _sync_one(self, url: str, listed: set[str]) -> int:
         made = 0
         for adapter in self.registry.held():
             if adapter.internal not in listed and adapter in self.registry.held():  # not retired meanwhile
                 made += await self._reload_on(url, adapter)
-        for internal in self.garbage & listed:
-            await self.plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": internal},
-                                     self.plane.settings.admin_timeout_s, [url])
         return made
+
+    async def _unload_leftovers(self, url: str, leftovers: set[str]) -> set[str]:
+        """Unload retired adapters a worker still lists; returns those it still holds."""
+        left = set()
+        for internal in leftovers:
+            [reply] = await self.plane.fan_out("POST", "/unload_lora_adapter", {"lora_name": internal},
+                                               self.plane.settings.admin_timeout_s, [url])
+            if not (reply.ok or "does not exist" in reply.message):
+                left.add(internal)
+        return left
 
     async def _listed(self, url: str) -> set[str] | None:
         [reply] = await self.plane.fan_out("GET", "/v1/models", None, SHORT_TIMEOUT_S, [url])
@@ -188,6 +207,8 @@ class LoraAdmin:
                 await self.sync_workers()
             except ProxyError as exc:
                 log.warning("LoRA sync pass failed: %s", exc.message)
+            except Exception:  # a bug must not end background sync for the proxy's lifetime
+                log.exception("LoRA sync pass failed; the next runs in %g s", interval_s)
 
     async def load_modules(self, modules) -> None:
         """vLLM's --lora-modules: (name, path) pairs loaded once SGLang is up."""
@@ -206,7 +227,7 @@ async def retry_if_lost(admin: LoraAdmin, send):
     except ProxyError as exc:
         if not is_lost_adapter_error(exc.message):
             raise
-        await admin.sync_workers()
+        await admin.resync()
         return await send()
 
 

@@ -63,7 +63,9 @@ class AdapterRegistry:
     _current: dict[str, Adapter] = field(default_factory=dict)
     _retired: dict[str, Adapter] = field(default_factory=dict)  # internal -> replaced, still leased
     _leases: Counter = field(default_factory=Counter)  # internal -> requests holding it
-    _versions: Counter = field(default_factory=Counter)  # name -> loads so far
+    # name -> loads so far; one int per name ever loaded, kept after an unload on purpose: a name loaded
+    # again must not reuse an internal name (name@vN) that a worker may still hold.
+    _versions: Counter = field(default_factory=Counter)
 
     def next_version(self, name: str) -> tuple[int, str]:
         self._versions[name] += 1

@@ -22,7 +22,6 @@ from token_proxy.proxy.admin.forward import (
     add_passthrough,
     group_bodies,
     note_group,
-    note_pause,
 )
 from token_proxy.proxy.admin.lora_routes import add_lora_routes
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
@@ -45,9 +44,7 @@ async def pause(request: web.Request) -> web.Response:
         return await vllm_rl.pause(request)
     plane = request.app[ADMIN]
     mode = _pause_mode(plane, (await _optional_json(request)).get("mode"))
-    replies = await plane.fan_out("POST", "/pause_generation", {"mode": mode}, plane.settings.admin_timeout_s)
-    raise_for_failures("pause", replies)
-    note_pause(plane, {}, replies)
+    await fleet.pause_workers(plane, mode, await plane.worker_urls())
     return json_response({"status": "paused"})
 
 
@@ -60,12 +57,13 @@ def _pause_mode(plane: AdminPlane, requested) -> str:
 
 
 async def resume(request: web.Request) -> web.Response:
-    """Both dialects. Refused (409) while a failed fleet update holds the workers paused (fleet.py)."""
+    """Both dialects. Refused (409) while a weight update runs, and while a failed one holds the workers
+    paused (fleet.py)."""
     plane = request.app[ADMIN]
-    fleet.refuse_resume_while_held(plane, request.query.get("force"))
+    fleet.refuse_resume(plane, check.query_flag(request.query, "force", False))
     vllm_rl.refuse_resume_while_asleep(request.app)
-    replies = await fleet.resume_all(plane, await plane.worker_urls())
-    raise_for_failures("resume", replies)
+    await fleet.resume_all(plane, await plane.worker_urls())
+    vllm_rl.note_awake(request.app)
     return json_response({"status": "resumed"})
 
 
@@ -87,10 +85,7 @@ async def update_weights(request: web.Request) -> web.Response:
         return json_response({"status": "ok", "weight_version": step.version})
     path = check.local_dir(weight_dir, "weight_dir", plane.settings)
     version = str(body.get("weight_version") or _next_version(plane, path))
-    try:
-        await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
-    except fleet.FleetFailed as failure:
-        return failure.response()
+    await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
     return json_response({"status": "ok", "weight_version": version})
 
 
@@ -107,10 +102,7 @@ async def reload_weights(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     if not plane.base_model_path:
         raise WorkerFailed(502, "reload_weights: SGLang did not report the model_path it started with")
-    try:
-        await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
-    except fleet.FleetFailed as failure:
-        return failure.response()
+    await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
     return json_response({"status": "ok", "weight_version": plane.initial_version})
 
 
@@ -150,7 +142,8 @@ async def init_broadcaster(request: web.Request) -> web.Response:
               "group_name": body.get("group_name", "weight_update_group"), "backend": body.get("backend", "nccl")}
     urls = await plane.worker_urls()
     bodies = await group_bodies(plane, native, urls)
-    replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
+    async with plane.transaction():
+        replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
     raise_for_failures("init_broadcaster", replies)
     note_group(plane, native, replies)
     return json_response({"status": "ok"})

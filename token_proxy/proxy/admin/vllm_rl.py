@@ -4,12 +4,12 @@ in vLLM's request and reply shapes, on every worker behind the proxy.
 | vLLM route | SGLang |
 |---|---|
 | POST /pause ?mode=abort|wait|keep&clear_cache | /pause_generation abort / (drain, then in_place) / --pause-mode; /flush_cache |
-| POST /resume, GET /is_paused | /continue_generation; the proxy's record (SGLang cannot be asked) |
-| POST /abort_requests {"request_ids"} | /abort_request {"rid"} each, or {"abort_all": true} |
+| POST /resume, GET /is_paused | /continue_generation (409 while an update runs); the proxy's record |
+| POST /abort_requests {"request_ids"} | /abort_request {"rid"} for each SGLang rid of each id, or {"abort_all": true} |
 | POST /sleep ?level=0|1|2&mode | pause, then /release_memory_occupation (all tags) once idle |
-| POST /wake_up ?tags=.. , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back |
+| POST /wake_up ?tags=.. , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back, if /sleep paused |
 | POST /release_kv_cache_memory | /release_memory_occupation {"tags": ["kv_cache"]} |
-| POST /reset_prefix_cache | /flush_cache |
+| POST /reset_prefix_cache | /flush_cache (a busy worker is owed it: flush.py) |
 | POST /init_weight_transfer_engine {"init_info"} | /init_weights_update_group (each worker its own rank_offset) |
 | POST /shutdown_weight_transfer_engine | /destroy_weights_update_group |
 | POST /start_weight_update, /update_weights {"update_info"}, /finish_weight_update {"weight_version"} | /update_weights_from_distributed per update; /update_weight_version, verify, flush |
@@ -48,10 +48,19 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.proxy.admin import checks as check
 from token_proxy.proxy.admin import fleet
-from token_proxy.proxy.admin.flush import pending, read_pending
-from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone, note_pause
-from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, WorkerReply, raise_for_failures
+from token_proxy.proxy.admin.flush import flush_or_owe, pending, read_pending
+from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone
+from token_proxy.proxy.admin.workers import (
+    ADMIN,
+    AdminPlane,
+    WorkerFailed,
+    WorkerReply,
+    failure_status,
+    raise_for_failures,
+    server_infos,
+)
 from token_proxy.proxy.http_io import json_response, read_json
+from token_proxy.proxy.upstream.context import CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +117,18 @@ def refuse_resume_while_asleep(app: web.Application) -> None:
                              "before /resume, or SGLang would run on memory it gave back")
 
 
+def note_awake(app: web.Application) -> None:
+    """A /resume after a level-0 sleep (nothing released) ends the sleep too."""
+    if VLLM_RL in app:
+        app[VLLM_RL].asleep = False
+
+
 # --- pause / resume ------------------------------------------------------------------------------
 
 async def pause(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     mode = _mode(request.query.get("mode", "abort"))
-    clear_cache = _flag(request, "clear_cache", True)
+    clear_cache = check.query_flag(request.query, "clear_cache", True)
     urls = await plane.worker_urls()
     await pause_fleet(plane, mode, urls)
     if clear_cache and mode in ("abort", "wait"):  # vLLM ignores it with keep (and it is deprecated)
@@ -125,10 +140,7 @@ async def pause_fleet(plane: AdminPlane, mode: str, urls: list[str]) -> None:
     if mode == "wait":
         await wait_idle(plane, urls, plane.settings.admin_timeout_s, "pause?mode=wait")
     native = {"keep": plane.settings.pause_mode, "wait": "in_place"}.get(mode, mode)
-    replies = await plane.fan_out("POST", "/pause_generation", {"mode": native}, plane.settings.admin_timeout_s,
-                                  urls)
-    raise_for_failures("pause", replies)
-    note_pause(plane, {}, replies)
+    await fleet.pause_workers(plane, native, urls)
 
 
 async def is_paused(request: web.Request) -> web.Response:
@@ -143,10 +155,13 @@ async def abort_requests(request: web.Request) -> web.Response:
         raise InvalidRequest("request_ids must be a list of request id strings", param="request_ids")
     urls = await plane.worker_urls()
     timeout_s = plane.settings.admin_timeout_s
-    if ids:
-        replies = [r for rid in ids for r in await plane.fan_out("POST", "/abort_request", {"rid": rid},
-                                                                     timeout_s, urls)]
-        count = len(ids)
+    if ids:  # a response id stands for its SGLang rids (n samples, several prompts: `<id>-<i>`)
+        in_flight = request.app[CONTEXT].in_flight
+        rids = [rid for request_id in ids for rid in in_flight.get(request_id, [request_id])]
+        count = sum(request_id in in_flight for request_id in ids)
+        sent = await asyncio.gather(*(plane.fan_out("POST", "/abort_request", {"rid": rid}, timeout_s, urls)
+                                      for rid in rids))
+        replies = [r for per_rid in sent for r in per_rid]
     else:
         count = sum(pending(r) or 0 for r in await read_pending(plane, urls, timeout_s))
         replies = await plane.fan_out("POST", "/abort_request", {"abort_all": True}, timeout_s, urls)
@@ -164,11 +179,12 @@ async def sleep(request: web.Request) -> web.Response:
     urls = await plane.worker_urls()
     if level >= 1:
         await _check_can_release(plane, urls, mode, need_cpu_backup=level == 1)
-    await pause_fleet(plane, mode, urls)
-    state.asleep = True
-    if level >= 1:
-        await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
-        await _release(plane, state, urls, None)
+    async with plane.transaction():
+        await pause_fleet(plane, mode, urls)
+        state.asleep = True
+        if level >= 1:
+            await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
+            await _release(plane, state, urls, None)
     return json_response({"status": "sleeping", "level": level})
 
 
@@ -191,11 +207,16 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
 
 
 async def wake_up(request: web.Request) -> web.Response:
-    plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    plane = request.app[ADMIN]
     tags = request.query.getall("tags", []) or None
     for tag in tags or ():
         if tag not in WAKE_TAGS:
             raise InvalidRequest(f"tags must be among {', '.join(WAKE_TAGS)}, got {tag!r}", param="tags")
+    async with plane.transaction():
+        return await _wake_up(plane, request.app[VLLM_RL], tags)
+
+
+async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None) -> web.Response:
     wanted = set(MEMORY_TAGS) if tags is None else set(tags) - {"scheduling"}
     back = [tag for tag in MEMORY_TAGS if tag in wanted & state.released]
     urls = await plane.worker_urls()
@@ -205,16 +226,16 @@ async def wake_up(request: web.Request) -> web.Response:
         raise_for_failures("wake_up", replies)
         state.released -= set(back)
     fully_awake = not state.released
-    if fully_awake and plane.paused:  # vLLM resumes the scheduler once all memory is resident
-        fleet.refuse_resume_while_held(plane, None)
-        raise_for_failures("wake_up", await fleet.resume_all(plane, urls))
+    if fully_awake and state.asleep:  # a /sleep paused it: resumed once all memory is resident (not a /pause)
+        fleet.refuse_resume_while_held(plane, False)
+        await fleet.resume_all(plane, urls, "wake_up: resume")
         state.asleep = False
     return json_response({"status": "awake" if fully_awake else "sleeping", "tags": tags})
 
 
 async def is_sleeping(request: web.Request) -> web.Response:
     state = request.app[VLLM_RL]
-    return json_response({"is_sleeping": request.app[ADMIN].paused or bool(state.released)})
+    return json_response({"is_sleeping": state.asleep or bool(state.released)})
 
 
 async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need_cpu_backup: bool) -> None:
@@ -242,13 +263,17 @@ async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags:
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     """vLLM reads its two flags from the query (a JSON body, as SkyRL sends, is ignored, as in vLLM)."""
     plane = request.app[ADMIN]
-    if _flag(request, "reset_running_requests", False):
+    if check.query_flag(request.query, "reset_running_requests", False):
         raise NotImplementedBySGLang("reset_running_requests: SGLang's flush_cache refuses while requests run "
                                      "and cannot reset a running request's cache")
-    if _flag(request, "reset_external", False):
+    if check.query_flag(request.query, "reset_external", False):
         raise NotImplementedBySGLang("reset_external: SGLang's flush_cache has no connector-managed cache to reset")
-    replies = await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s)
-    return json_response({"success": all(r.status == 200 for r in replies)})
+    replies = await flush_or_owe(plane, await plane.worker_urls())
+    down = [r for r in replies if r.error is not None]
+    if down:
+        raise WorkerFailed(failure_status(down), f"reset_prefix_cache failed on {len(down)} of {len(replies)} "
+                           "worker(s): " + "; ".join(f"{r.url}: {r.message}" for r in down))
+    return json_response({"success": all(r.status == 200 for r in replies)})  # false: owed, flushed once idle
 
 
 # --- weight transfer -----------------------------------------------------------------------------
@@ -266,8 +291,9 @@ async def init_weight_transfer_engine(request: web.Request) -> web.Response:
               "group_name": GROUP, "backend": info.get("backend", "nccl")}
     urls = await plane.worker_urls()
     bodies = await group_bodies(plane, native, urls)
-    replies = await plane.fan_out("POST", "/init_weights_update_group", bodies,
-                                  plane.settings.init_group_timeout_s, urls)
+    async with plane.transaction():
+        replies = await plane.fan_out("POST", "/init_weights_update_group", bodies,
+                                      plane.settings.init_group_timeout_s, urls)
     raise_for_failures("init_weight_transfer_engine", replies)
     note_group(plane, native, replies)
     return json_response({"message": "Weight transfer initialized"})
@@ -299,8 +325,9 @@ async def update_weights(request: web.Request, body: dict) -> web.Response:
     infos = body["update_info"] if isinstance(body["update_info"], list) else [body["update_info"]]
     metas = [_meta(state, _object(info, "update_info")) for info in infos]
     require_group(plane, "update_weights")
-    for meta in metas:
-        await receive(plane, meta, "update_weights")
+    async with plane.transaction():
+        for meta in metas:
+            await receive(plane, meta, "update_weights")
     return json_response({"message": "Weights updated"})
 
 
@@ -313,6 +340,8 @@ async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
         # The workers that failed hold partly updated weights (SGLang: "discard the whole weights").
         await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
     plane.loaded_path = None  # the weights now came over NCCL: no checkpoint on disk holds them
+    if plane.hold is not None:
+        plane.hold["received"] = True  # every worker took this push: a finish may now end the hold
 
 
 def _meta(state: VllmRlState, info: dict) -> dict:
@@ -347,11 +376,18 @@ async def finish_weight_update(request: web.Request) -> web.Response:
     version = body.get("weight_version")
     if version is not None and not isinstance(version, str):
         raise InvalidRequest(f"weight_version must be a string, got {version!r}", param="weight_version")
-    await finish(plane, version, "finish_weight_update")
+    async with plane.transaction():
+        await finish(plane, version, "finish_weight_update")
     return json_response({"message": "Weight update finished"})
 
 
 async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
+    """Refused (409) while a failed receive holds the fleet: setting one version string on workers holding
+    different weights would end the hold on a lie. A successful receive since then lifts that."""
+    if plane.hold is not None and not plane.hold.get("received"):
+        raise fleet.Conflict(f"{action}: the workers are held paused after a failed weight update "
+                             f"({plane.hold['message']}); send the weights again (every worker must receive "
+                             "them) before finishing, or POST /resume?force=true to serve anyway")
     urls = await plane.worker_urls()
     if version is not None:
         replies = await plane.fan_out("POST", "/update_weight_version", {"new_version": version},
@@ -413,7 +449,7 @@ def _checksums(body: dict) -> dict[str, str]:
 async def get_world_size(request: web.Request) -> web.Response:
     """The ranks of every worker behind the proxy: one URL stands for the whole fleet."""
     plane = request.app[ADMIN]
-    include_dp = _flag(request, "include_dp", True)
+    include_dp = check.query_flag(request.query, "include_dp", True)
     urls = await plane.worker_urls()
     size = 0
     for info in await server_infos(plane, urls):
@@ -437,23 +473,15 @@ async def collective_rpc(request: web.Request) -> web.Response:
     elif method == "update_weights_nccl":
         meta = _meta(request.app[VLLM_RL], _object(kwargs.get("update_info"), "kwargs.update_info"))
         require_group(plane, method)
-        await receive(plane, meta, method)
+        async with plane.transaction():
+            await receive(plane, meta, method)
     else:
-        await finish(plane, None, method)
+        async with plane.transaction():
+            await finish(plane, None, method)
     return json_response({"results": [None] * len(await plane.worker_urls())})
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-async def server_infos(plane: AdminPlane, urls: list[str]) -> list[dict]:
-    replies = await plane.fan_out("GET", "/server_info", None, fleet.READ_TIMEOUT_S, urls)
-    out = []
-    for reply in replies:
-        if not reply.ok or not isinstance(reply.body, dict):
-            raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
-        out.append(reply.body)
-    return out
-
 
 async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str) -> None:
     """Until no worker runs or queues a request (/v1/loads), or 504."""
@@ -468,30 +496,11 @@ async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action
         await asyncio.sleep(IDLE_POLL_S)
 
 
-async def flush_or_owe(plane: AdminPlane, urls: list[str]) -> None:
-    """Flush every worker's prefix cache; one still busy (SGLang: 400) is flushed after /resume."""
-    replies = await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s, urls)
-    for reply in replies:
-        if reply.status != 200:
-            plane.owed_flushes.add(reply.url)
-
-
 def _mode(value: str) -> str:
     if value not in PAUSE_MODES:
         raise InvalidRequest(f"mode must be abort, wait or keep (or SGLang's retract, in_place), got {value!r}",
                              param="mode")
     return value
-
-
-def _flag(request: web.Request, name: str, default: bool) -> bool:
-    value = request.query.get(name)
-    if value is None:
-        return default
-    if value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.lower() in ("false", "0", "no", "off"):
-        return False
-    raise InvalidRequest(f"{name} must be true or false, got {value!r}", param=name)
 
 
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:

@@ -8,6 +8,7 @@ reach every server. The worker list is the --worker flags, else what the router 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from token_proxy.settings import Settings
 log = logging.getLogger(__name__)
 
 DISCOVERY_TIMEOUT_S = 10.0
+SERVER_INFO_TIMEOUT_S = 30.0
 
 
 class WorkerFailed(ProxyError):
@@ -110,6 +112,19 @@ class AdminPlane:
     worker_versions: dict[str, str | None] = field(default_factory=dict)
     # A failed fleet update the proxy could not undo: the fleet stays paused until it is fixed (fleet.py).
     hold: dict | None = None
+    # One weight update at a time (fleet.py): a second waits for the first; /resume meanwhile is a 409.
+    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    updating: bool = False
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end."""
+        async with self.update_lock:
+            self.updating = True
+            try:
+                yield
+            finally:
+                self.updating = False
 
     async def worker_urls(self) -> list[str]:
         if self.settings.workers:
@@ -187,6 +202,21 @@ def _listed_urls(raw: bytes) -> list[str] | None:
     if not isinstance(workers, list):
         return None
     return [w["url"].rstrip("/") for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
+
+
+async def server_infos(plane: AdminPlane, urls: list[str], strict: bool = True) -> list[dict]:
+    """Each worker's /server_info (the flags it runs with). One that cannot say is an error naming it
+    (503 unreachable, else 502), or with strict=False an empty dict (nothing known about it)."""
+    replies = await plane.fan_out("GET", "/server_info", None, SERVER_INFO_TIMEOUT_S, urls)
+    out = []
+    for reply in replies:
+        info = reply.body if reply.ok else None
+        if not isinstance(info, dict):
+            if strict:
+                raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
+            info = {}
+        out.append(info)
+    return out
 
 
 def raise_for_failures(action: str, replies: list[WorkerReply]) -> None:

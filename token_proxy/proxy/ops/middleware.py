@@ -28,7 +28,8 @@ async def openai_errors(request: web.Request, handler):
     except ProxyError as exc:
         if exc.status >= 500:
             log.warning("%s %s -> %d: %s", request.method, request.path, exc.status, exc.message)
-        return error_response(exc.status, exc.message, exc.type, exc.param, exc.headers())
+        return web.Response(status=exc.status, body=orjson.dumps(exc.body()), content_type="application/json",
+                            headers=exc.headers())
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
