@@ -51,26 +51,67 @@ class SGLangClient:
 
     async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
         """Streaming /generate: yields the events that arrived together (one network read), so the
-        caller can answer them with one write; an in-stream error raises."""
+        caller can answer them with one write; an in-stream error raises.
+
+        One generator per stream, reading raw chunks (cumulative SGLang events exceed aiohttp's
+        64 KiB line limit on long outputs). The idle limit is aiohttp's sock_read until the headers
+        are in, then one watchdog per stream (aiohttp's re-arms a timer on every network read)."""
         async with self._post("/generate", payload, self._stream_timeout) as resp:
             if resp.status != 200:
                 raise _error_from_status(resp.status, await resp.read())
-            async for datas in _first_within(_sse_batches(resp.content), self._first_token_s):
-                events = []
-                for data in datas:
-                    if data == b"[DONE]":
-                        if events:
-                            yield events
-                        return
-                    event = _loads(data)
-                    error = _stream_error(event)
-                    if error is not None:
-                        if events:
-                            yield events
-                        raise error
-                    events.append(event)
-                if events:
-                    yield events
+            content = resp.content
+            loop = asyncio.get_running_loop()
+            watch = _IdleWatch(loop, self._stream_timeout.sock_read, resp) if self._stream_timeout.sock_read else None
+            # Until the first batch: SGLang's first output must come within the first-token limit.
+            deadline = None if self._first_token_s is None else loop.time() + self._first_token_s
+            pending = b""
+            try:
+                while True:
+                    if watch is not None:
+                        watch.since = loop.time()
+                    if deadline is None:
+                        chunk = await content.readany()
+                    else:
+                        chunk = await _within(content.readany(), deadline - loop.time(), self._first_token_s)
+                    if watch is not None:
+                        watch.since = None
+                    if not chunk:
+                        break
+                    if pending:
+                        chunk = pending + chunk
+                    *raw_events, pending = chunk.split(b"\n\n")
+                    if not raw_events:
+                        continue
+                    events = []
+                    for raw in raw_events:
+                        data = _event_data(raw)
+                        if data is None:
+                            continue
+                        if data == b"[DONE]":
+                            if events:
+                                yield events
+                            return
+                        event = _loads(data)
+                        error = _stream_error(event)
+                        if error is not None:
+                            if events:
+                                yield events
+                            raise error
+                        events.append(event)
+                    if events:
+                        deadline = None
+                        yield events
+                if pending.strip():
+                    data = _event_data(pending)
+                    if data is not None and data != b"[DONE]":
+                        event = _loads(data)
+                        error = _stream_error(event)
+                        if error is not None:
+                            raise error
+                        yield [event]
+            finally:
+                if watch is not None:
+                    watch.cancel()
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
@@ -185,36 +226,39 @@ class _Call:
         return False
 
 
-async def _first_within(batches: AsyncIterator, seconds: float | None) -> AsyncIterator:
-    """Pass `batches` through, the first one only if it comes within `seconds` (None: no limit)."""
-    iterator = batches.__aiter__()
-    if seconds is not None:
-        try:
-            first = await asyncio.wait_for(anext(iterator), seconds)
-        except StopAsyncIteration:
+async def _within(read, seconds: float, limit: float):
+    try:
+        return await asyncio.wait_for(read, max(0.0, seconds))
+    except asyncio.TimeoutError:
+        raise BackendTimeout(f"SGLang sent no output within the first-token limit of {limit:g} s") from None
+
+
+class _IdleWatch:
+    """The stream's idle limit: fails the response's body with aiohttp's read timeout when a read
+    has waited `limit` seconds (checked by one timer, re-armed only when it fires)."""
+
+    __slots__ = ("_loop", "_limit", "_resp", "_handle", "since")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: float, resp: aiohttp.ClientResponse):
+        self._loop = loop
+        self._limit = limit
+        self._resp = resp
+        self.since: float | None = None  # loop.time() when the read now waiting began
+        protocol = resp.connection.protocol if resp.connection is not None else None
+        if protocol is not None:
+            protocol.read_timeout = None  # its timer, armed by the last read, runs out once more at most
+        self._handle = loop.call_later(limit, self._check)
+
+    def _check(self) -> None:
+        since = self.since
+        left = self._limit if since is None else since + self._limit - self._loop.time()
+        if left > 0:
+            self._handle = self._loop.call_later(left, self._check)
             return
-        except asyncio.TimeoutError:
-            raise BackendTimeout(f"SGLang sent no output within the first-token limit of {seconds:g} s") from None
-        yield first
-    async for batch in iterator:
-        yield batch
+        self._resp.content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
 
-
-async def _sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
-    """The `data:` payloads of an SSE stream, grouped by network read. Reads raw chunks: cumulative
-    SGLang events exceed aiohttp's 64 KiB line limit on long outputs."""
-    pending = b""
-    async for chunk in content.iter_any():
-        if pending:
-            chunk = pending + chunk
-        *events, pending = chunk.split(b"\n\n")
-        datas = [d for d in map(_event_data, events) if d is not None]
-        if datas:
-            yield datas
-    if pending.strip():
-        data = _event_data(pending)
-        if data is not None:
-            yield [data]
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -261,7 +305,9 @@ def _stream_error(event) -> ProxyError | None:
         return BackendError(f"SGLang sent an unexpected stream event: {str(event)[:200]}")
     if "error" in event:
         return _error_from_body(event)
-    finish = (event.get("meta_info") or {}).get("finish_reason") or {}
+    finish = (event.get("meta_info") or {}).get("finish_reason")
+    if not finish:  # every event but the last
+        return None
     status = finish.get("status_code") if isinstance(finish, dict) else None
     if finish.get("type") == "abort" and isinstance(status, int) and status >= 400 and not event.get("output_ids"):
         return _error_from_status(status, orjson.dumps({"message": finish.get("message")}))
