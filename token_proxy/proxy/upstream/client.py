@@ -20,6 +20,14 @@ from token_proxy.errors import (
     InvalidRequest,
     ProxyError,
 )
+from token_proxy.proxy.upstream.stream_relay import (
+    DONE_EVENT,
+    Downstream,
+    RelayStream,
+    cached_resolver,
+    open_relay,
+    relay_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,8 @@ class SGLangClient:
                                                      sock_read=stream_idle_timeout_s or None)
         self._first_token_s = first_token_timeout_s or None
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
+        self.callback_streams = True  # False: every stream through aiohttp's client (GeneratorStream)
+        self._resolve = cached_resolver()
 
     async def generate(self, payload: dict) -> list[dict]:
         """Non-streaming /generate; always a list of outputs (SGLang answers an object for one)."""
@@ -48,6 +58,19 @@ class SGLangClient:
                 raise _error_from_status(resp.status, body)
         data = _loads(body)
         return data if isinstance(data, list) else [data]
+
+    async def open_stream(self, payload: dict) -> RelayStream | GeneratorStream:
+        """A streaming /generate, sent; read its first batch with `first()`, the rest with `relay()`,
+        then `aclose()` it. Plain-http SGLang is read with protocol callbacks (stream_relay.py),
+        anything else through aiohttp (`generate_stream`)."""
+        target = relay_target(self.base_url) if self.callback_streams else None
+        if target is None:
+            return GeneratorStream(self.generate_stream(payload))
+        return await open_relay(self.base_url, target, "/generate", orjson.dumps(payload),
+                                connect_s=self._stream_timeout.sock_connect, total_s=self._stream_timeout.total,
+                                idle_s=self._stream_timeout.sock_read, first_token_s=self._first_token_s,
+                                parse_event=_parse_event, error_from_status=_error_from_status,
+                                resolve=self._resolve)
 
     async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
         """Streaming /generate: yields the events that arrived together (one network read), so the
@@ -196,6 +219,26 @@ class SGLangClient:
                                         headers=_JSON_HEADERS, timeout=timeout or self._timeout), self.base_url)
 
 
+class GeneratorStream:
+    """`open_stream`'s answer read through aiohttp's client (the same interface as RelayStream)."""
+
+    def __init__(self, batches: AsyncIterator[list[dict]]):
+        self._batches = batches
+
+    async def first(self) -> list[dict] | None:
+        return await anext(self._batches, None)
+
+    async def relay(self, sink, downstream: Downstream) -> None:
+        async for events in self._batches:
+            if sink(events):
+                return
+            if downstream.blocked():
+                await downstream.drained()
+
+    async def aclose(self) -> None:
+        await self._batches.aclose()
+
+
 class _Call:
     """Wraps a request context so connection failures and timeouts surface as typed errors."""
 
@@ -237,7 +280,7 @@ class _IdleWatch:
     """The stream's idle limit: fails the response's body with aiohttp's read timeout when a read
     has waited `limit` seconds (checked by one timer, re-armed only when it fires)."""
 
-    __slots__ = ("_loop", "_limit", "_resp", "_handle", "since")
+    __slots__ = ("_handle", "_limit", "_loop", "_resp", "since")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: float, resp: aiohttp.ClientResponse):
         self._loop = loop
@@ -259,6 +302,17 @@ class _IdleWatch:
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+
+def _parse_event(raw: bytes) -> tuple[dict | object | None, ProxyError | None]:
+    """One raw SSE event -> (the event, or DONE_EVENT, or None: no data) or its error."""
+    data = _event_data(raw)
+    if data is None:
+        return None, None
+    if data == b"[DONE]":
+        return DONE_EVENT, None
+    event = _loads(data)
+    return event, _stream_error(event)
 
 
 def _event_data(event: bytes) -> bytes | None:
