@@ -81,3 +81,31 @@ async def open_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await response.prepare(request)
     return response
+
+
+class SSEWriter:
+    """Synchronous writes to a prepared StreamResponse's connection (a stream's read callback cannot
+    await), framed as the response's own writer frames them; `blocked`/`drained` are its flow control."""
+
+    HIGH = 0x10000  # bytes waiting in the client's socket buffer before SGLang stops being read
+    LOW = 0x4000
+
+    def __init__(self, request: web.Request, response: web.StreamResponse):
+        self._transport = request.transport
+        # aiohttp chunks an HTTP/1.1 response of unknown length itself (response.chunked stays False).
+        self._chunked = "chunked" in response.headers.get("Transfer-Encoding", "").lower()
+
+    def write(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("Cannot write to closing transport")
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+
+    def blocked(self) -> bool:
+        transport = self._transport
+        return transport is not None and transport.get_write_buffer_size() > self.HIGH
+
+    async def drained(self) -> None:
+        transport = self._transport
+        while transport is not None and not transport.is_closing() and transport.get_write_buffer_size() > self.LOW:
+            await asyncio.sleep(0.005)

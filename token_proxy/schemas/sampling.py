@@ -46,6 +46,9 @@ class SamplingRequest:
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: int | None = None
+    # vLLM's per-request "tokens to batch into each streamed chunk"; SGLang 0.5.17 honours the same
+    # sampling_params.stream_interval (first token at once, then every N, and the last).
+    stream_interval: int | None = None
 
     @property
     def proxy_stop_ids(self) -> frozenset[int]:
@@ -88,6 +91,7 @@ def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False)
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         prompt_logprobs=opt_int(body, "prompt_logprobs", lo=0, hi=MAX_TOP_LOGPROBS),
+        stream_interval=opt_int(body, "stream_interval", lo=1),
     )
 
 

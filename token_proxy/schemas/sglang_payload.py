@@ -25,6 +25,7 @@ _OPTIONAL_SAMPLING = (
     ("repetition_penalty", "repetition_penalty"),
     ("seed", "sampling_seed"),
     ("logit_bias", "logit_bias"),
+    ("stream_interval", "stream_interval"),
 )
 
 

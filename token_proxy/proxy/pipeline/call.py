@@ -11,7 +11,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.proxy.admin.lora import LoraAdmin, retry_if_lost
-from token_proxy.proxy.http_io import DONE, open_sse, sse_frames
+from token_proxy.proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.proxy.request_stats import RequestStats
 from token_proxy.proxy.upstream.aborts import abort_all_of, aborting_on_exit
 from token_proxy.proxy.upstream.context import ProxyContext
@@ -37,14 +37,14 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
     async with aborting_on_exit(ctx, call.rids, stats), contextlib.AsyncExitStack() as stack:
         opened = lambda: _open_stream(ctx, call.body, stack)
-        batches, first = await (opened() if lora is None else retry_if_lost(lora, opened))
+        stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         response = await open_sse(request)
         await response.write(sse_frames(formatter.start() + _chunks(rules, formatter, first)))
         stats.mark_first_token()
         try:
-            await _relay(response, ctx, batches, call.rids, rules, formatter)
+            await _relay(request, response, ctx, stream, call.rids, rules, formatter)
         except ProxyError as exc:
             if isinstance(exc, BackendTimeout):
                 abort_all_of(ctx, call.rids)
@@ -57,8 +57,9 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
 
 async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExitStack):
     """The stream and its first batch of events (an HTTP error before it raises here)."""
-    batches = await stack.enter_async_context(contextlib.aclosing(ctx.client.generate_stream(body)))
-    return batches, await anext(batches, None)
+    stream = await ctx.client.open_stream(body)
+    stack.push_async_callback(stream.aclose)
+    return stream, await stream.first()
 
 
 def _chunks(rules: OutputRules, formatter, events: list[dict]) -> list[dict]:
@@ -71,15 +72,20 @@ def _chunks(rules: OutputRules, formatter, events: list[dict]) -> list[dict]:
     return chunks
 
 
-async def _relay(response: web.StreamResponse, ctx: ProxyContext, batches, rids: list[str], rules: OutputRules,
-                 formatter) -> None:
-    async for events in batches:
+async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],
+                 rules: OutputRules, formatter) -> None:
+    """Every further event, translated and written as it arrives (from the stream's read callback)."""
+    out = SSEWriter(request, response)
+
+    def sink(events: list[dict]) -> bool:
         chunks = _chunks(rules, formatter, events)
         if chunks:
-            await response.write(sse_frames(chunks))
-        if rules.cut_short and rules.done:
-            abort_all_of(ctx, rids)  # SGLang would go on to max_tokens
-            break
+            out.write(sse_frames(chunks))
+        return rules.cut_short and rules.done
+
+    await stream.relay(sink, out)
+    if rules.cut_short and rules.done:
+        abort_all_of(ctx, rids)  # SGLang would go on to max_tokens
     if not rules.done:
         raise BackendError("SGLang ended the stream before every choice finished")
     await response.write(sse_frames(formatter.finish(rules.usage())) + DONE)

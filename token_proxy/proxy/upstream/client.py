@@ -20,6 +20,14 @@ from token_proxy.errors import (
     InvalidRequest,
     ProxyError,
 )
+from token_proxy.proxy.upstream.stream_relay import (
+    DONE_EVENT,
+    Downstream,
+    RelayStream,
+    cached_resolver,
+    open_relay,
+    relay_target,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,8 @@ class SGLangClient:
                                                      sock_read=stream_idle_timeout_s or None)
         self._first_token_s = first_token_timeout_s or None
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
+        self.callback_streams = True  # False: every stream through aiohttp's client (GeneratorStream)
+        self._resolve = cached_resolver()
 
     async def generate(self, payload: dict) -> list[dict]:
         """Non-streaming /generate; always a list of outputs (SGLang answers an object for one)."""
@@ -49,28 +59,82 @@ class SGLangClient:
         data = _loads(body)
         return data if isinstance(data, list) else [data]
 
+    async def open_stream(self, payload: dict) -> RelayStream | GeneratorStream:
+        """A streaming /generate, sent; read its first batch with `first()`, the rest with `relay()`,
+        then `aclose()` it. Plain-http SGLang is read with protocol callbacks (stream_relay.py),
+        anything else through aiohttp (`generate_stream`)."""
+        target = relay_target(self.base_url) if self.callback_streams else None
+        if target is None:
+            return GeneratorStream(self.generate_stream(payload))
+        return await open_relay(self.base_url, target, "/generate", orjson.dumps(payload),
+                                connect_s=self._stream_timeout.sock_connect, total_s=self._stream_timeout.total,
+                                idle_s=self._stream_timeout.sock_read, first_token_s=self._first_token_s,
+                                parse_event=_parse_event, error_from_status=_error_from_status,
+                                resolve=self._resolve)
+
     async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
         """Streaming /generate: yields the events that arrived together (one network read), so the
-        caller can answer them with one write; an in-stream error raises."""
+        caller can answer them with one write; an in-stream error raises.
+
+        One generator per stream, reading raw chunks (cumulative SGLang events exceed aiohttp's
+        64 KiB line limit on long outputs). The idle limit is aiohttp's sock_read until the headers
+        are in, then one watchdog per stream (aiohttp's re-arms a timer on every network read)."""
         async with self._post("/generate", payload, self._stream_timeout) as resp:
             if resp.status != 200:
                 raise _error_from_status(resp.status, await resp.read())
-            async for datas in _first_within(_sse_batches(resp.content), self._first_token_s):
-                events = []
-                for data in datas:
-                    if data == b"[DONE]":
-                        if events:
-                            yield events
-                        return
-                    event = _loads(data)
-                    error = _stream_error(event)
-                    if error is not None:
-                        if events:
-                            yield events
-                        raise error
-                    events.append(event)
-                if events:
-                    yield events
+            content = resp.content
+            loop = asyncio.get_running_loop()
+            watch = _IdleWatch(loop, self._stream_timeout.sock_read, resp) if self._stream_timeout.sock_read else None
+            # Until the first batch: SGLang's first output must come within the first-token limit.
+            deadline = None if self._first_token_s is None else loop.time() + self._first_token_s
+            pending = b""
+            try:
+                while True:
+                    if watch is not None:
+                        watch.since = loop.time()
+                    if deadline is None:
+                        chunk = await content.readany()
+                    else:
+                        chunk = await _within(content.readany(), deadline - loop.time(), self._first_token_s)
+                    if watch is not None:
+                        watch.since = None
+                    if not chunk:
+                        break
+                    if pending:
+                        chunk = pending + chunk
+                    *raw_events, pending = chunk.split(b"\n\n")
+                    if not raw_events:
+                        continue
+                    events = []
+                    for raw in raw_events:
+                        data = _event_data(raw)
+                        if data is None:
+                            continue
+                        if data == b"[DONE]":
+                            if events:
+                                yield events
+                            return
+                        event = _loads(data)
+                        error = _stream_error(event)
+                        if error is not None:
+                            if events:
+                                yield events
+                            raise error
+                        events.append(event)
+                    if events:
+                        deadline = None
+                        yield events
+                if pending.strip():
+                    data = _event_data(pending)
+                    if data is not None and data != b"[DONE]":
+                        event = _loads(data)
+                        error = _stream_error(event)
+                        if error is not None:
+                            raise error
+                        yield [event]
+            finally:
+                if watch is not None:
+                    watch.cancel()
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
@@ -155,6 +219,26 @@ class SGLangClient:
                                         headers=_JSON_HEADERS, timeout=timeout or self._timeout), self.base_url)
 
 
+class GeneratorStream:
+    """`open_stream`'s answer read through aiohttp's client (the same interface as RelayStream)."""
+
+    def __init__(self, batches: AsyncIterator[list[dict]]):
+        self._batches = batches
+
+    async def first(self) -> list[dict] | None:
+        return await anext(self._batches, None)
+
+    async def relay(self, sink, downstream: Downstream) -> None:
+        async for events in self._batches:
+            if sink(events):
+                return
+            if downstream.blocked():
+                await downstream.drained()
+
+    async def aclose(self) -> None:
+        await self._batches.aclose()
+
+
 class _Call:
     """Wraps a request context so connection failures and timeouts surface as typed errors."""
 
@@ -185,36 +269,50 @@ class _Call:
         return False
 
 
-async def _first_within(batches: AsyncIterator, seconds: float | None) -> AsyncIterator:
-    """Pass `batches` through, the first one only if it comes within `seconds` (None: no limit)."""
-    iterator = batches.__aiter__()
-    if seconds is not None:
-        try:
-            first = await asyncio.wait_for(anext(iterator), seconds)
-        except StopAsyncIteration:
+async def _within(read, seconds: float, limit: float):
+    try:
+        return await asyncio.wait_for(read, max(0.0, seconds))
+    except asyncio.TimeoutError:
+        raise BackendTimeout(f"SGLang sent no output within the first-token limit of {limit:g} s") from None
+
+
+class _IdleWatch:
+    """The stream's idle limit: fails the response's body with aiohttp's read timeout when a read
+    has waited `limit` seconds (checked by one timer, re-armed only when it fires)."""
+
+    __slots__ = ("_handle", "_limit", "_loop", "_resp", "since")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: float, resp: aiohttp.ClientResponse):
+        self._loop = loop
+        self._limit = limit
+        self._resp = resp
+        self.since: float | None = None  # loop.time() when the read now waiting began
+        protocol = resp.connection.protocol if resp.connection is not None else None
+        if protocol is not None:
+            protocol.read_timeout = None  # its timer, armed by the last read, runs out once more at most
+        self._handle = loop.call_later(limit, self._check)
+
+    def _check(self) -> None:
+        since = self.since
+        left = self._limit if since is None else since + self._limit - self._loop.time()
+        if left > 0:
+            self._handle = self._loop.call_later(left, self._check)
             return
-        except asyncio.TimeoutError:
-            raise BackendTimeout(f"SGLang sent no output within the first-token limit of {seconds:g} s") from None
-        yield first
-    async for batch in iterator:
-        yield batch
+        self._resp.content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
-async def _sse_batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
-    """The `data:` payloads of an SSE stream, grouped by network read. Reads raw chunks: cumulative
-    SGLang events exceed aiohttp's 64 KiB line limit on long outputs."""
-    pending = b""
-    async for chunk in content.iter_any():
-        if pending:
-            chunk = pending + chunk
-        *events, pending = chunk.split(b"\n\n")
-        datas = [d for d in map(_event_data, events) if d is not None]
-        if datas:
-            yield datas
-    if pending.strip():
-        data = _event_data(pending)
-        if data is not None:
-            yield [data]
+def _parse_event(raw: bytes) -> tuple[dict | object | None, ProxyError | None]:
+    """One raw SSE event -> (the event, or DONE_EVENT, or None: no data) or its error."""
+    data = _event_data(raw)
+    if data is None:
+        return None, None
+    if data == b"[DONE]":
+        return DONE_EVENT, None
+    event = _loads(data)
+    return event, _stream_error(event)
 
 
 def _event_data(event: bytes) -> bytes | None:
@@ -261,7 +359,9 @@ def _stream_error(event) -> ProxyError | None:
         return BackendError(f"SGLang sent an unexpected stream event: {str(event)[:200]}")
     if "error" in event:
         return _error_from_body(event)
-    finish = (event.get("meta_info") or {}).get("finish_reason") or {}
+    finish = (event.get("meta_info") or {}).get("finish_reason")
+    if not finish:  # every event but the last
+        return None
     status = finish.get("status_code") if isinstance(finish, dict) else None
     if finish.get("type") == "abort" and isinstance(status, int) and status >= 400 and not event.get("output_ids"):
         return _error_from_status(status, orjson.dumps({"message": finish.get("message")}))

@@ -1,0 +1,194 @@
+"""The callback relay of streamed /generate (proxy/upstream/stream_relay.py): HTTP framing split at any
+byte, typed errors, timeouts, flow control, and the same bytes to the client as aiohttp's path."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import aiohttp
+import orjson
+import pytest
+
+from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from token_proxy.proxy.upstream import client as client_module
+from token_proxy.proxy.upstream.context import CONTEXT
+from token_proxy.proxy.upstream.stream_relay import RelayStream, relay_target
+
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+class FakeTransport:
+    def __init__(self):
+        self.closed = False
+        self.paused = False
+
+    def close(self):
+        self.closed = True
+
+    def abort(self):
+        self.closed = True
+
+    def is_closing(self):
+        return self.closed
+
+    def pause_reading(self):
+        self.paused = True
+
+    def resume_reading(self):
+        self.paused = False
+
+
+class Down:
+    """A client that is blocked until `open()`."""
+
+    def __init__(self, blocked=False):
+        self._blocked = blocked
+        self.drains = 0
+
+    def blocked(self):
+        return self._blocked
+
+    async def drained(self):
+        self.drains += 1
+        self._blocked = False
+
+
+def relay_stream(idle_s=None) -> tuple[RelayStream, FakeTransport]:
+    stream = RelayStream(asyncio.get_running_loop(), "http://sglang", idle_s, client_module._parse_event,
+                         client_module._error_from_status)
+    transport = FakeTransport()
+    stream.connection_made(transport)
+    return stream, transport
+
+
+def event(i: int, finish=None) -> dict:
+    return {"text": f"t{i}", "output_ids": [i], "meta_info": {"id": "r", "finish_reason": finish}}
+
+
+def chunked(body: bytes, size: int = 7) -> bytes:
+    parts = [body[i:i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x;ext=1\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENTS = [event(0), event(1), event(2, {"type": "length", "length": 3})]
+SSE = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in EVENTS) + b"data: [DONE]\n\n"
+
+
+async def collect(stream: RelayStream, down=None) -> list[dict]:
+    got = list(await stream.first() or [])
+    seen = []
+
+    def sink(events):
+        seen.append(events)
+        got.extend(events)
+        return False
+
+    await stream.relay(sink, down or Down())
+    return got
+
+
+@pytest.mark.parametrize("piece", [1, 2, 3, 5, 64, 100_000])
+async def test_events_come_out_whole_however_the_bytes_are_split(piece):
+    stream, _ = relay_stream()
+    raw = b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD_CHUNKED + chunked(SSE)
+    for i in range(0, len(raw), piece):
+        stream.data_received(raw[i:i + piece])
+    assert await collect(stream) == EVENTS
+    await stream.aclose()
+
+
+async def test_content_length_and_close_delimited_bodies():
+    body = SSE.replace(b"data: [DONE]\n\n", b"")
+    for head, tail in ((b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body), None),
+                       (b"HTTP/1.1 200 OK\r\n\r\n", "close")):
+        stream, _ = relay_stream()
+        stream.data_received(head + body)
+        if tail:
+            stream.connection_lost(None)
+        assert await collect(stream) == EVENTS
+
+
+async def test_sglang_refusing_the_request_is_a_typed_error():
+    stream, transport = relay_stream()
+    body = orjson.dumps({"error": {"message": "bad input_ids", "code": 400}})
+    stream.data_received(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+    with pytest.raises(InvalidRequest, match="SGLang rejected the request: bad input_ids"):
+        await stream.first()
+    assert transport.closed
+
+
+async def test_in_stream_error_after_events_delivers_them_then_raises():
+    stream, _ = relay_stream()
+    error = b'data: {"error": {"message": "boom", "code": 500}}\n\n'
+    first = b"data: " + orjson.dumps(event(0)) + b"\n\n"
+    stream.data_received(HEAD_CHUNKED + chunked(first, 1000)[:-5])
+    got = []
+    assert await stream.first() == [event(0)]
+    stream.data_received(chunked(b"data: " + orjson.dumps(event(1)) + b"\n\n" + error, 1000))
+    with pytest.raises(BackendError, match="SGLang failed: boom"):
+        await stream.relay(lambda events: got.extend(events) or False, Down())
+    assert got == [event(1)]
+
+
+async def test_a_connection_lost_mid_chunk_is_unavailable():
+    stream, _ = relay_stream()
+    stream.data_received(HEAD_CHUNKED + chunked(SSE, 1000)[:50])
+    stream.connection_lost(ConnectionResetError("reset"))
+    with pytest.raises(BackendUnavailable, match="SGLang closed the connection mid-response: reset"):
+        await collect(stream)
+
+
+async def test_the_idle_limit_ends_a_stalled_stream():
+    stream, transport = relay_stream(idle_s=0.05)
+    stream.start_timers(None)
+    stream.data_received(HEAD_CHUNKED + chunked(b"data: " + orjson.dumps(event(0)) + b"\n\n", 1000)[:-5])
+    assert await stream.first() == [event(0)]
+    with pytest.raises(BackendTimeout, match="SGLang stalled"):
+        await asyncio.wait_for(stream.relay(lambda events: False, Down()), 2)
+    assert transport.closed
+
+
+async def test_a_slow_client_pauses_reading_sglang_until_it_drains():
+    stream, transport = relay_stream()
+    stream.data_received(HEAD_CHUNKED + chunked(b"data: " + orjson.dumps(event(0)) + b"\n\n", 1000)[:-5])
+    await stream.first()
+    down = Down(blocked=True)
+    task = asyncio.ensure_future(stream.relay(lambda events: False, down))
+    await asyncio.sleep(0)  # the relay waits for events
+    stream.data_received(chunked(b"data: " + orjson.dumps(event(1)) + b"\n\n", 1000)[:-5])
+    assert transport.paused and down.drains == 0
+    await asyncio.sleep(0.01)
+    assert not transport.paused and down.drains == 1
+    stream.data_received(b"0\r\n\r\n")
+    await asyncio.wait_for(task, 1)
+
+
+def test_only_plain_http_urls_are_relayed():
+    assert relay_target("http://10.0.0.1:30000") == ("10.0.0.1", 30000, "")
+    assert relay_target("http://sglang/prefix/") == ("sglang", 80, "/prefix")
+    assert relay_target("https://sglang:443") is None
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": USER, "max_tokens": 40, "ignore_eos": True, "stream": True, "seed": 7, "return_token_ids": True,
+     "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+    {"messages": USER, "max_tokens": 30, "ignore_eos": True, "stream": True, "seed": 3, "n": 2, "logprobs": True,
+     "top_logprobs": 2, "stop": ["e"]},
+])
+async def test_the_relay_sends_the_bytes_aiohttps_path_sends(make_sim, make_proxy, body):
+    sim = await make_sim(incremental_streaming_output=True, tpot_s=0.002)
+    proxy = await make_proxy(sim)
+
+    async def stream_bytes() -> list[bytes]:
+        resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body))
+        assert resp.status == 200
+        # ids and timestamps differ per request; everything else must be byte-identical
+        return re.sub(rb'"(id|created)":("[^"]*"|\d+)', b"", await resp.read()).split(b"\n\n")
+
+    relayed = await stream_bytes()
+    async with aiohttp.ClientSession() as session, session.post(sim.make_url("/flush_cache")) as resp:
+        assert resp.status == 200  # the same prefix-cache state (cached_tokens) for the second request
+    proxy.app[CONTEXT].client.callback_streams = False
+    assert await stream_bytes() == relayed

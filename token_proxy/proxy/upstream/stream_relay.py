@@ -1,0 +1,387 @@
+"""A streamed /generate read with protocol callbacks: SGLang's events reach the client without a task
+wake-up per event.
+
+aiohttp's client hands every network read to a StreamReader, wakes the handler's task, which resumes
+its generators, translates, and awaits the server's writer: most of a stream's CPU per token. Here
+the connection's own `data_received` parses the HTTP response (status, headers, chunked framing),
+splits SSE events and passes each read's events to a synchronous `sink` (translate + write to the
+client's transport). The handler's task only waits for the end, or for the client to drain when it
+reads slower than SGLang writes (then SGLang's connection stops being read: TCP flow control).
+
+Before `relay` starts (the first batch, read while the response's status is still open), events are
+queued for `first`. Every failure is a typed error, with the messages aiohttp's path gives.
+One connection per stream (`Connection: close`): SGLang closes it after the last chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+
+Sink = Callable[[list], bool]  # a read's events -> True to stop reading (the proxy ended the output)
+_LINGER_S = 2.0  # after a clean end, how long SGLang gets to close first (so no TIME_WAIT here)
+
+
+class Downstream:
+    """Where the relay's writes go; `blocked` pauses reading SGLang until `drained` returns."""
+
+    def blocked(self) -> bool: ...
+
+    async def drained(self) -> None: ...
+
+
+def relay_target(base_url: str) -> tuple[str, int, str] | None:
+    """(host, port, path prefix) of a plain-http SGLang URL; None: use aiohttp (https, odd URLs)."""
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname:
+        return None
+    try:
+        port = parts.port or 80
+    except ValueError:
+        return None
+    return parts.hostname, port, parts.path.rstrip("/")
+
+
+class RelayStream(asyncio.Protocol):
+    """One streamed POST on its own connection (create with `open_relay`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str, idle_s: float | None,
+                 parse_event: Callable[[bytes], tuple[dict | None, ProxyError | None]],
+                 error_from_status: Callable[[int, bytes], ProxyError]):
+        self._loop = loop
+        self._base_url = base_url
+        self._parse_event = parse_event
+        self._error_from_status = error_from_status
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""  # raw bytes not yet parsed (headers or chunk framing)
+        self._status: int | None = None
+        self._chunked = False
+        self._length: int | None = None  # body bytes left (Content-Length; None: until the close)
+        self._left = 0  # bytes left of the current chunk's payload
+        self._skip = 0  # bytes left of the CRLF after it
+        self._body = b""  # a non-200 answer's body
+        self._pending = b""  # SSE bytes after the last complete event
+        self._queue: list[list[dict]] = []
+        self._sink: Sink | None = None
+        self._downstream: Downstream | None = None
+        self._waiter: asyncio.Future | None = None
+        self._error: BaseException | None = None
+        self._ended = False
+        self._lost = False
+        self._paused = False
+        self._idle_s = idle_s
+        self._last_read = loop.time()
+        self._timers: list[asyncio.TimerHandle] = []
+        self.first_token_s: float | None = None
+
+    # ------------------------------------------------------------ the handler's side
+
+    async def first(self) -> list[dict] | None:
+        """The first batch of events (None: the stream ended without any)."""
+        seconds = self.first_token_s
+        if not self._queue and self._error is None and not self._ended:
+            try:
+                await asyncio.wait_for(self._wait(), seconds)
+            except asyncio.TimeoutError:
+                raise BackendTimeout(f"SGLang sent no output within the first-token limit of {seconds:g} s") from None
+        if self._queue:
+            return self._queue.pop(0)
+        if self._error is not None:
+            raise self._error
+        return None
+
+    async def relay(self, sink: Sink, downstream: Downstream) -> None:
+        """Pass every further batch to `sink` as it arrives; returns at the end, raises a stream error."""
+        self._sink, self._downstream = sink, downstream
+        queued, self._queue = self._queue, []
+        for events in queued:  # read before relay began (even if the stream has ended or failed since)
+            if sink(events):
+                self._end()
+                return
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                return
+            if self._paused:
+                await downstream.drained()
+                self._paused = False
+                if self.transport is not None and not self._lost:
+                    self.transport.resume_reading()
+                self._last_read = self._loop.time()
+                continue
+            await self._wait()
+
+    async def aclose(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        if self.transport is None or self._lost:
+            return
+        if self._ended and self._error is None:
+            # SGLang closes after the last chunk (Connection: close); closing first would leave
+            # this side in TIME_WAIT, one per stream.
+            self._loop.call_later(_LINGER_S, self.transport.abort)
+        else:
+            self.transport.close()
+
+    async def _wait(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ------------------------------------------------------------ timers
+
+    def start_timers(self, total_s: float | None) -> None:
+        if total_s:
+            self._timers.append(self._loop.call_later(
+                total_s, self._fail, BackendTimeout("SGLang did not finish the request in time")))
+        if self._idle_s:
+            self._timers.append(self._loop.call_later(self._idle_s, self._check_idle))
+
+    def _check_idle(self) -> None:
+        if self._ended or self._error is not None:
+            return
+        left = self._idle_s if self._paused else self._last_read + self._idle_s - self._loop.time()
+        if left > 0:
+            self._timers.append(self._loop.call_later(left, self._check_idle))
+            return
+        self._fail(BackendTimeout("SGLang stalled: no data from it within the idle limit "
+                                  "(Timeout on reading data from socket)"))
+
+    # ------------------------------------------------------------ the connection's side
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self._lost = True
+        if self._ended or self._error is not None:
+            return
+        if self._status is not None and not self._chunked and self._length is None:
+            try:  # a body delimited by the connection's close
+                self._body_end()
+            except ProxyError as error:
+                self._fail(error)
+            return
+        self._fail(BackendUnavailable(f"SGLang closed the connection mid-response: {exc or 'connection closed'}"))
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
+        if self._ended or self._error is not None:
+            return
+        try:
+            self._received(data)
+        except ProxyError as exc:
+            self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - the sink's (client's) failure ends this stream, typed
+            self._fail(exc)
+
+    def _received(self, data: bytes) -> None:
+        buf = self._buf + data if self._buf else data
+        self._buf = b""
+        if self._status is None:
+            buf = self._headers(buf)
+            if buf is None:
+                return
+        if not self._chunked:
+            if self._length is not None:
+                buf = buf[: self._length]
+                self._length -= len(buf)
+            self._body_bytes(buf)
+            if self._length == 0:
+                self._body_end()
+            return
+        out = []
+        pos, size = 0, len(buf)
+        while pos < size:
+            if self._skip:  # the CRLF after a chunk's payload
+                n = min(self._skip, size - pos)
+                pos += n
+                self._skip -= n
+                continue
+            if self._left:  # a chunk's payload
+                n = min(self._left, size - pos)
+                out.append(buf[pos:pos + n])
+                pos += n
+                self._left -= n
+                if not self._left:
+                    self._skip = 2
+                continue
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            line, pos = buf[pos:eol], eol + 2
+            try:
+                length = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                raise BackendUnavailable(f"SGLang closed the connection mid-response: bad chunk size "
+                                         f"{line[:40]!r}") from None
+            if length == 0:  # the last chunk (trailers, if any, are not read)
+                if out:
+                    self._body_bytes(b"".join(out))
+                if not self._ended and self._error is None:
+                    self._body_end()
+                return
+            self._left = length
+        self._buf = buf[pos:]
+        if out:
+            self._body_bytes(out[0] if len(out) == 1 else b"".join(out))
+
+    def _headers(self, buf: bytes) -> bytes | None:
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self._buf = buf
+                return None
+            head, buf = buf[:end].decode("latin-1").split("\r\n"), buf[end + 4:]
+            try:
+                status = int(head[0].split(" ", 2)[1])
+            except (IndexError, ValueError):
+                raise BackendUnavailable(f"SGLang closed the connection mid-response: bad status line "
+                                         f"{head[0][:80]!r}") from None
+            if 100 <= status < 200:
+                continue
+            self._status = status
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                name = name.strip().lower()
+                if name == "transfer-encoding" and "chunked" in value.lower():
+                    self._chunked = True
+                elif name == "content-length":
+                    self._length = int(value.strip())
+            if self._chunked:
+                self._length = None
+            return buf
+
+    def _body_bytes(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._status != 200:
+            self._body += data
+            return
+        if self._pending:
+            data = self._pending + data
+        *raw_events, self._pending = data.split(b"\n\n")
+        if not raw_events:
+            return
+        events = []
+        for raw in raw_events:
+            event, error = self._parse_event(raw)
+            if error is not None:
+                if events:
+                    self._deliver(events)
+                raise error
+            if event is None:
+                continue
+            if event is DONE_EVENT:
+                if events:
+                    self._deliver(events)
+                self._end()
+                return
+            events.append(event)
+        if events:
+            self._deliver(events)
+
+    def _body_end(self) -> None:
+        if self._status != 200:
+            self._fail(self._error_from_status(self._status, self._body))
+            return
+        if self._pending.strip():
+            pending, self._pending = self._pending, b""
+            event, error = self._parse_event(pending)
+            if error is not None:
+                raise error
+            if event is not None and event is not DONE_EVENT:
+                self._deliver([event])
+        self._end()
+
+    def _deliver(self, events: list[dict]) -> None:
+        if self._ended or self._error is not None:
+            return
+        sink = self._sink
+        if sink is None:
+            self._queue.append(events)
+            self._wake()
+            return
+        if sink(events):
+            self._end()
+            return
+        if self._downstream.blocked() and not self._paused:
+            self._paused = True
+            if self.transport is not None and not self._lost:
+                self.transport.pause_reading()
+            self._wake()
+
+    def _end(self) -> None:
+        if not self._ended and self._error is None:
+            self._ended = True
+            self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._ended or self._error is not None:
+            return
+        self._error = exc
+        self._wake()
+        if self.transport is not None and not self._lost:
+            self.transport.close()
+
+
+DONE_EVENT = object()  # what `parse_event` returns for SGLang's [DONE]
+
+
+def cached_resolver(ttl_s: float = 10.0) -> Callable[[str], Awaitable[str]]:
+    """host -> an address connect() takes without a lookup, refreshed every `ttl_s` (as aiohttp's
+    connector caches DNS): a name would otherwise cost a getaddrinfo in a thread per stream."""
+    cache: dict[str, tuple[float, str]] = {}
+
+    async def resolve(host: str) -> str:
+        hit = cache.get(host)
+        now = time.monotonic()
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            return host  # connect() reports it
+        cache[host] = (now + ttl_s, infos[0][4][0])
+        return infos[0][4][0]
+
+    return resolve
+
+
+async def open_relay(base_url: str, target: tuple[str, int, str], path: str, body: bytes, *,
+                     connect_s: float | None, total_s: float | None, idle_s: float | None,
+                     first_token_s: float | None, parse_event, error_from_status,
+                     resolve: Callable[[str], Awaitable[str]]) -> RelayStream:
+    """Connect and send the POST; the response is read as it comes (see RelayStream)."""
+    host, port, prefix = target
+    loop = asyncio.get_running_loop()
+    stream = RelayStream(loop, base_url, idle_s, parse_event, error_from_status)
+    try:
+        await asyncio.wait_for(loop.create_connection(lambda: stream, await resolve(host), port), connect_s)
+    except asyncio.TimeoutError:
+        raise BackendTimeout("SGLang did not answer in time") from None
+    except OSError as exc:
+        raise BackendUnavailable(f"SGLang at {base_url} is unreachable: Cannot connect to host {host}:{port} "
+                                 f"[{exc.strerror or exc}]") from exc
+    name = f"[{host}]" if ":" in host else host
+    host_header = name if port == 80 else f"{name}:{port}"
+    stream.transport.write(b"POST %b%b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
+                           b"Accept: text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b"
+                           % (prefix.encode(), path.encode(), host_header.encode(), len(body), body))
+    stream.first_token_s = first_token_s
+    stream.start_timers(total_s)
+    return stream
+
