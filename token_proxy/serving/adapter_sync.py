@@ -113,11 +113,27 @@ class AdapterFollower:
         self._wake = asyncio.Event()
         self.first_map = asyncio.Event()
         registry.on_idle = lambda adapter: self._wake.set()
+        registry.on_miss = self.refresh
 
-    def _report(self) -> dict:
+    def _report(self, wait_s: float = POLL_WAIT_S) -> dict:
         self._seq += 1
         held = [a.internal for a in self.registry.held() if self.registry.in_use(a)]
-        return {"worker": self.worker, "seq": self._seq, "seen": self.seen, "held": held, "wait": POLL_WAIT_S}
+        return {"worker": self.worker, "seq": self._seq, "seen": self.seen, "held": held, "wait": wait_s}
+
+    def _apply(self, reply: dict) -> None:
+        """A map newer than the one applied (a refresh and the long-poll may answer out of order)."""
+        if reply["version"] > self.seen:
+            apply_map(self.registry, reply["adapters"])
+            self.seen = reply["version"]
+        self.first_map.set()
+
+    async def refresh(self) -> None:
+        """Ask the owner for its map now (no wait): a request named an adapter this mirror does not know
+        yet, which a load through another worker may have added a moment ago."""
+        try:
+            self._apply(await self._poll(self._report(wait_s=0.0)))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.debug("adapter map refresh failed: %s", exc)
 
     async def _poll(self, body: dict) -> dict:
         timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
@@ -144,7 +160,4 @@ class AdapterFollower:
                 log.debug("adapter map poll failed: %s", poll.exception())
                 await asyncio.sleep(RETRY_S)
                 continue
-            reply = poll.result()
-            apply_map(self.registry, reply["adapters"])
-            self.seen = reply["version"]
-            self.first_map.set()
+            self._apply(poll.result())

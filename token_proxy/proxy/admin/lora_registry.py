@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -60,6 +60,9 @@ class AdapterRegistry:
     base_names: set[str] = field(default_factory=set)  # the served model name(s): never adapters
     on_idle: Callable[[Adapter], None] | None = None  # a retired adapter's last lease ended
     on_change: Callable[[], None] | None = None  # the served set changed (serving/adapter_sync.py)
+    # A worker's mirror: an unknown name may have been loaded through another worker a moment ago; this
+    # asks the owner for its map before the name is refused (serving/adapter_sync.py).
+    on_miss: Callable[[], Awaitable[None]] | None = None
     _current: dict[str, Adapter] = field(default_factory=dict)
     _retired: dict[str, Adapter] = field(default_factory=dict)  # internal -> replaced, still leased
     _leases: Counter = field(default_factory=Counter)  # internal -> requests holding it

@@ -7,7 +7,7 @@ import asyncio
 from aiohttp import web
 
 from token_proxy.proxy.http_io import json_response, read_json
-from token_proxy.proxy.pipeline import resolve_model
+from token_proxy.proxy.pipeline import resolve_target
 from token_proxy.proxy.upstream.context import CONTEXT
 from token_proxy.schemas.chat_request import parse_chat_prompt
 from token_proxy.schemas.fields import bad, opt_bool, opt_str, token_id_list
@@ -16,7 +16,7 @@ from token_proxy.schemas.fields import bad, opt_bool, opt_str, token_id_list
 async def tokenize(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
-    resolve_model(request.app, ctx, opt_str(body, "model")).release()  # a known model or adapter
+    (await resolve_target(request.app, ctx, opt_str(body, "model"))).release()  # a known model or adapter
     if "messages" in body:
         ids = (await ctx.renderer.render_chat(parse_chat_prompt(body))).ids
     else:
@@ -34,7 +34,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
-    resolve_model(request.app, ctx, opt_str(body, "model")).release()  # a known model or adapter
+    (await resolve_target(request.app, ctx, opt_str(body, "model"))).release()  # a known model or adapter
     ids = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size, allow_empty=True)
     text = await _in_executor(ctx, ctx.token_texts.decode, ids, False)
     return json_response({"prompt": text})

@@ -17,7 +17,7 @@ from token_proxy.proxy.admin.lora import LORA
 from token_proxy.proxy.http_io import json_response, response_headers
 from token_proxy.proxy.ops.metrics import METRICS
 from token_proxy.proxy.pipeline.call import generate_streamed, generate_whole
-from token_proxy.proxy.pipeline.target import ModelTarget, resolve_model
+from token_proxy.proxy.pipeline.target import ModelTarget, resolve_target
 from token_proxy.proxy.request_ids import header_request_id, new_request_id, now
 from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
@@ -67,7 +67,7 @@ class Endpoint(Protocol):
 async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     ctx, job, stats = request.app[CONTEXT], endpoint.job, stats_of(request)
     stats.stream = job.stream
-    target = resolve_model(request.app, ctx, job.model)
+    target = await resolve_target(request.app, ctx, job.model)
     stats.adapter = target.name if target.lora_path else None
     try:
         return await _serve(request, ctx, endpoint, target, stats)

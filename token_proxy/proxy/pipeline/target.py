@@ -26,6 +26,19 @@ class ModelTarget:
             self.lease.release()
 
 
+async def resolve_target(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
+    """resolve_model; under --workers, a name this worker's adapter mirror does not know yet is looked
+    up once more after asking the admin owner for its map (a load through another worker just now)."""
+    try:
+        return resolve_model(app, ctx, requested)
+    except NotFound:
+        registry = app.get(ADAPTERS)
+        if registry is None or registry.on_miss is None:
+            raise
+        await registry.on_miss()
+        return resolve_model(app, ctx, requested)
+
+
 def resolve_model(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
     """The request's `model` -> its target. Absent means the served model; otherwise a loaded adapter's
     name, or vLLM's 404 "The model `x` does not exist."."""
