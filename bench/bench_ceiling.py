@@ -369,9 +369,6 @@ def main() -> None:
         for proc in procs:
             stop(proc)
     print_table(args, info, rows)
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump([r.__dict__ for r in rows], f, indent=1)
 
 
 def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
@@ -402,6 +399,7 @@ def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
                     url = backend + "/v1/chat/completions"
                 print(f"  {target} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
                 rows.append(run_point(row, url, bodies, warmup, args.clients, flush, None, args.max_tokens))
+                saved(args, rows)
         if "proxy" in args.targets:
             for i, workers in enumerate(worker_counts):
                 if i:
@@ -415,9 +413,21 @@ def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
                     rows.append(run_point(Row("proxy", workers, stream, repeats, conc, n),
                                           proxy_url + "/v1/chat/completions", bodies, warmup, args.clients, flush,
                                           proxy.pid, args.max_tokens))
+                    saved(args, rows)
     finally:
         stop(proxy)
     return rows
+
+
+def saved(args, rows: list[Row]) -> None:
+    """Each point as it finishes: a line on stderr and the --json-out file rewritten, so a run stopped
+    by a time limit keeps every point it finished (the table is printed only at the end)."""
+    r = rows[-1]
+    print(f"    -> {r.rps:.1f} req/s, p50 {r.p50:.1f} ms, TTFT p50 {r.ttft50:.1f} ms, cpu {r.cpu_ms} ms/req, "
+          f"errors {r.errors}", file=sys.stderr)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump([row.__dict__ for row in rows], f, indent=1)
 
 
 def print_table(args, info: dict, rows: list[Row]) -> None:
