@@ -78,13 +78,12 @@ async def test_adapter_load_sample_reload_under_load_unload(proxy, sglang, model
 
     failures: list[str] = []
 
-    async def rollout() -> None:
-        with registry.lease("policy") as lease:
-            body = {"input_ids": PROMPT, "sampling_params": {**GREEDY, "max_new_tokens": 64},
-                    "lora_path": lease.lora_path}
-            status, reply = await sglang.post("/generate", body)
-            if status != 200:
-                failures.append(str(reply))
+    async def rollout() -> None:  # as prime-rl samples: model=<adapter name>, through the proxy
+        body = {"model": "policy", "token_ids": PROMPT,
+                "sampling_params": {"temperature": 0, "max_tokens": 64, "ignore_eos": True}}
+        response = await proxy.post("/inference/v1/generate", json=body)
+        if response.status != 200:
+            failures.append(await response.text())
 
     async def trainer() -> None:
         for step in steps[1:]:
