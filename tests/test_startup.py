@@ -142,8 +142,6 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     from token_proxy.proxy.upstream.connection import CONTEXT
     from token_proxy.settings import Settings
 
-    loading = asyncio.Event()
-
     def slow_load(path):
         time.sleep(1.0)
         raise OSError("not a tokenizer")
@@ -152,7 +150,6 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     sim = await make_sim()
     proxy = await aiohttp_client(create_app(Settings(backend_url=str(sim.make_url("")).rstrip("/"),
                                                      tokenizer=str(tokenizer_dir))))
-    loading.set()
     await asyncio.sleep(0.3)
     assert proxy.app[CONTEXT].engine is None
     resp = await proxy.get("/health")
