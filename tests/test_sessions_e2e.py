@@ -209,5 +209,5 @@ async def test_turn_two_sent_as_soon_as_turn_one_streamed_still_continues(proxy)
     raw = await client.chat.completions.with_raw_response.create(
         model=MODEL, messages=messages, max_tokens=16, extra_body=SAMPLING, extra_headers={"X-Session-ID": "eager"})
     assert raw.headers["X-Session-Continuity"] == "hit"
-    assert len(threads) == 2 and threading.main_thread() not in threads  # never on the event loop
+    assert threads[0] is not threading.main_thread()  # turn 1's record ran (first), off the event loop
     await client.close()
