@@ -3,7 +3,8 @@
 # `docker`). Gets a Docker engine first: starts dockerd when none answers (installing docker.io from the
 # Debian mirror if needed, as root), and, when the Dockerfile's base image can be neither found nor pulled
 # (no Docker Hub here), builds a stand-in from Debian packages with ../shared/docker/make_base_image.sh.
-# With no engine the test is skipped with the reason printed. Extra arguments go to pytest.
+# With no engine the test is skipped with the reason printed. A dockerd started here is stopped on exit
+# (an engine that was already running is left alone). Extra arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -11,6 +12,18 @@ BASE_IMAGE_SCRIPT=${BASE_IMAGE_SCRIPT:-../shared/docker/make_base_image.sh}
 BASE=$(awk '/^FROM/ {print $2; exit}' deploy/Dockerfile)
 
 engine() { docker info >/dev/null 2>&1; }
+
+dockerd_pid=
+stop_dockerd() {
+  [ -n "$dockerd_pid" ] && kill -0 "$dockerd_pid" 2>/dev/null || return 0
+  echo "image-test: stopping the dockerd started here (pid $dockerd_pid)"
+  kill "$dockerd_pid"
+  for _ in $(seq 1 30); do kill -0 "$dockerd_pid" 2>/dev/null || return 0; sleep 1; done
+  kill -9 "$dockerd_pid" 2>/dev/null || true
+}
+trap stop_dockerd EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 if ! engine && [ "$(id -u)" = 0 ]; then
   command -v dockerd >/dev/null || { apt-get update -qq && apt-get install -y -qq docker.io >/dev/null; }
@@ -31,4 +44,4 @@ elif ! docker image inspect "$BASE" >/dev/null 2>&1 && ! timeout 60 docker pull 
     echo "image-test: $BASE cannot be pulled and $BASE_IMAGE_SCRIPT is not here"
   fi
 fi
-exec "$PY" -m pytest -q -p no:cacheprovider -m docker -s tests/test_image.py "$@"
+"$PY" -m pytest -q -p no:cacheprovider -m docker -s tests/test_image.py "$@"  # not exec: the trap stops dockerd

@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from token_proxy.proxy.ops.admission import Admission, Overloaded
+from token_proxy.proxy.ops.admission import ADMISSION, Admission, Overloaded
 from token_proxy.proxy.ops.auth import AccessPolicy, Forbidden, Unauthorized
 from token_proxy.simulator import SIM_STATE
 
@@ -81,12 +81,11 @@ async def test_overloaded_proxy_answers_503_with_retry_after(make_sim, make_prox
     body = orjson.dumps({"messages": USER, "max_tokens": 20, "ignore_eos": True})
     first = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=body))
     second = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=body))
-    state = sim.app[SIM_STATE]
-    for _ in range(100):
-        if state.running:
-            break
+    state, admission = sim.app[SIM_STATE], proxy.app[ADMISSION]
+    deadline = asyncio.get_running_loop().time() + 10
+    while not (state.running and admission.queued == 1):  # first running, second queued (polled: load)
+        assert asyncio.get_running_loop().time() < deadline, (len(state.running), admission.queued)
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
     third = await proxy.post("/v1/chat/completions", data=body)
     assert third.status == 503
     assert third.headers["Retry-After"] == "1"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from golden import golden_file
 from prometheus_client.parser import text_string_to_metric_families
 
 from token_proxy.cli import _FLAGS, parse_settings
@@ -26,7 +27,6 @@ from token_proxy.simulator.metrics import set_sglang_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-GOLDEN = Path("/work/shared/golden/throughput.json")
 SERVICES = {"sglang", "proxy", "prometheus", "grafana"}
 
 
@@ -223,7 +223,8 @@ async def test_every_dashboard_query_names_real_metrics(make_sim, make_proxy):
         if "vllm:num_requests_running" in exported:
             break
         await asyncio.sleep(0.02)
-    sglang = set(json.loads(GOLDEN.read_text())["metrics"]["metric_names"]) if GOLDEN.exists() else SIM_NAMES
+    recorded = golden_file("throughput.json", optional=True)  # absent: the simulator's names stand in
+    sglang = set(json.loads(recorded.read_text())["metrics"]["metric_names"]) if recorded else SIM_NAMES
     used = set()
     for panel in _dashboard()["panels"]:
         for target in panel["targets"]:

@@ -263,6 +263,7 @@ async def test_a_request_refused_for_a_lost_adapter_is_retried_after_a_reload(ma
     try:
         client = proxy.app[CONTEXT].client  # the data path's own client, as the pipeline calls it
         payload = greedy(lora_path=proxy.app[ADAPTERS].resolve("policy"))
+        payload["sampling_params"]["ignore_eos"] = True  # greedy ids depend on the adapter's path: EOS may come early
         with pytest.raises(InvalidRequest) as refused:
             await client.generate(payload)
         assert is_lost_adapter_error(refused.value.message)
@@ -364,12 +365,20 @@ async def unload_lora_adapter(admin_clients: list[httpx.AsyncClient], lora_name:
 async def test_prime_rl_loader_retries_until_a_late_step_directory_appears(proxy, sim, tmp_path):
     step = tmp_path / "run" / "broadcasts" / "step_3"
 
+    answers: list[int] = []  # the proxy's answer to each load attempt
+    answered = asyncio.Event()
+
+    async def seen(response: httpx.Response) -> None:
+        answers.append(response.status_code)
+        answered.set()
+
     async def late_write() -> None:  # the trainer's files reach this filesystem after the first attempt
-        await asyncio.sleep(0.3)
+        await answered.wait()
         write_adapter(step.parent, step.name)
 
-    async with httpx.AsyncClient(base_url=proxy_url(proxy)) as admin:
+    async with httpx.AsyncClient(base_url=proxy_url(proxy), event_hooks={"response": [seen]}) as admin:
         await asyncio.gather(load_lora_adapter([admin], "policy-lora", step), late_write())
+        assert answers == [404, 200]  # refused (the directory is not there yet), retried, loaded
         assert proxy.app[ADAPTERS].resolve("policy-lora") == "policy-lora@v1"
         assert sim_adapters(sim) == {"policy-lora@v1": str(step)}
         await load_lora_adapter([admin], "policy-lora", write_adapter(tmp_path, "step_4"))  # next step

@@ -4,9 +4,9 @@ and a backend that stops answering withdraws them instead of freezing them."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from golden import golden_file
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import until
 
@@ -14,7 +14,6 @@ from token_proxy.proxy.ops.vllm_metrics import BackendMetrics, derive, parse_sgl
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import metrics_text, set_sglang_metrics
 
-GOLDEN = Path("/work/shared/golden/throughput.json")
 FAST = {"backend_metrics_interval_s": 0.02, "backend_metrics_stale_s": 0.25}
 VIEW_NAMES = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
               "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens",
@@ -120,12 +119,8 @@ def test_staleness_is_judged_at_scrape_time():
     assert value(fams, "token_proxy_backend_metrics_stale") == 1
 
 
-needs_golden = pytest.mark.skipif(not GOLDEN.exists(), reason="the golden SGLang recordings are not here")
-
-
-@needs_golden
 def test_parse_golden_sglang_page():
-    page = json.loads(GOLDEN.read_text())["metrics"]["body_text"]
+    page = json.loads(golden_file("throughput.json").read_text())["metrics"]["body_text"]
     values = derive(parse_sglang(page))
     assert values["vllm:prompt_tokens"] == 41554.0 + 192.0  # is_streaming false + true
     assert values["vllm:num_preemptions"] == 0.0  # no retraction: SGLang has not created the counter
@@ -143,11 +138,10 @@ def test_ranks_of_one_scheduler_count_once_and_dp_ranks_add_up():
     assert "vllm:num_requests_waiting" not in values  # a gauge SGLang did not report is not invented
 
 
-@needs_golden
 def test_simulator_metrics_use_real_sglang_names_and_labels(tokenizer_dir):
     from token_proxy.simulator import SimConfig, create_sim_app
 
-    golden = json.loads(GOLDEN.read_text())["metrics"]
+    golden = json.loads(golden_file("throughput.json").read_text())["metrics"]
     state = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir))).get(SIM_STATE)
     fams = list(text_string_to_metric_families(metrics_text(state)))
     sample_names = {s.name for f in fams for s in f.samples}

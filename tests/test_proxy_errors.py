@@ -309,9 +309,8 @@ async def test_sglang_killed_mid_request_then_restarted(tokenizer_dir, make_prox
         proxy = await make_proxy(f"http://127.0.0.1:{unused_tcp_port}")
         in_flight = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=orjson.dumps(
             {"messages": USER, "max_tokens": 500, "ignore_eos": True, "stream": True})))
-        await asyncio.sleep(0.3)
+        resp = await in_flight  # its headers: SGLang's first event has come (~10 s of tokens left)
         proc.kill()
-        resp = await in_flight
         assert stream_events(await resp.read())[-1]["error"]["code"] == 503
         status, body = await post(proxy, {"messages": USER, "max_tokens": 2})
         assert_error(status, body, 503, contains="unreachable")

@@ -7,6 +7,8 @@ Wiring expected: the chat endpoint reads `X-Session-ID` (or body `session_id`), 
 
 from __future__ import annotations
 
+import threading
+import time
 from itertools import pairwise
 
 import openai
@@ -183,3 +185,29 @@ async def test_session_keys_are_checked_and_ignored_where_they_cannot_apply(make
     off = await make_proxy(sim, session_max_bytes=0)
     resp = await off.post("/v1/chat/completions", json={"messages": user, "session_id": "x", "max_tokens": 2})
     assert resp.status == 200 and "X-Session-Continuity" not in resp.headers
+
+
+async def test_turn_two_sent_as_soon_as_turn_one_streamed_still_continues(proxy):
+    """A stream's turn is recorded after its last chunk, in the tokenizer executor: the next lookup on the
+    session waits for it. The record is slowed down here so that turn 2 arrives while it is under way."""
+    store = proxy.server.app[SESSIONS]
+    record, threads = store.record, []
+
+    def slow_record(*args):
+        threads.append(threading.current_thread())
+        time.sleep(0.5)
+        record(*args)
+
+    store.record = slow_record
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, stream=True,
+                                                  extra_body={**SAMPLING, "session_id": "eager"})
+    chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Another one?"}]
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=16, extra_body=SAMPLING, extra_headers={"X-Session-ID": "eager"})
+    assert raw.headers["X-Session-Continuity"] == "hit"
+    assert threads[0] is not threading.main_thread()  # turn 1's record ran (first), off the event loop
+    await client.close()

@@ -71,10 +71,17 @@ def sim_running(sim: str) -> int:
         return sum(item["num_reqs"] for item in json.load(resp))
 
 
+async def until_running(sim: str, count: int, within_s: float = 20) -> None:
+    deadline = time.monotonic() + within_s
+    while await asyncio.to_thread(sim_running, sim) != count:
+        assert time.monotonic() < deadline, f"the simulator never ran {count} request(s)"
+        await asyncio.sleep(0.05)
+
+
 async def test_sigterm_lets_in_flight_streams_finish_then_exits_zero(servers):
-    _, proxy_url, proxy = servers(shutdown_timeout=10.0)
+    sim, proxy_url, proxy = servers(shutdown_timeout=10.0)
     task = asyncio.ensure_future(stream(proxy_url, 60))  # ~1.2 s of tokens
-    await asyncio.sleep(0.3)
+    await until_running(sim, 1)
     proxy.send_signal(signal.SIGTERM)
     raw = await task
     assert raw.endswith(b"data: [DONE]\n\n")
@@ -87,8 +94,7 @@ async def test_sigterm_lets_in_flight_streams_finish_then_exits_zero(servers):
 async def test_sigterm_deadline_aborts_what_is_left_in_sglang(servers):
     sim, proxy_url, proxy = servers(shutdown_timeout=0.5)
     task = asyncio.ensure_future(stream(proxy_url, 2000))  # ~40 s of tokens: outlives the deadline
-    await asyncio.sleep(0.3)
-    assert sim_running(sim) == 1
+    await until_running(sim, 1)
     proxy.send_signal(signal.SIGTERM)
     await task
     assert await asyncio.to_thread(proxy.wait, 15) == 0

@@ -158,7 +158,7 @@ async def test_pause_abort_mode_aborts_in_flight_and_holds_new_requests(sim):
     waiting = post_json(
         sim, "/generate", {"rid": "new", "input_ids": FOX, "sampling_params": {"max_new_tokens": 2}}
     )
-    await asyncio.sleep(0.05)
+    await until(lambda: "new" in state(sim).running)  # arrived, held by the pause
     assert not waiting.done()
     load = await (await sim.get("/get_load")).json()
     assert (load[0]["num_reqs"], load[0]["num_waiting_reqs"]) == (1, 1)

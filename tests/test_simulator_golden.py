@@ -4,18 +4,17 @@ key sets and error texts must match (generated token values may differ)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import orjson
 import pytest
+from golden import golden_file
 
 from token_proxy.simulator import SIM_STATE, SimConfig, create_sim_app
 from token_proxy.simulator.testing import parse_sse
 
-GOLDEN = Path("/work/shared/golden")
-NONSTREAM = json.loads((GOLDEN / "generate_nonstream.json").read_text())
-STREAM = json.loads((GOLDEN / "generate_stream.json").read_text())
-ADMIN = {r["name"]: r for r in json.loads((GOLDEN / "admin.json").read_text())}
+NONSTREAM = json.loads(golden_file("generate_nonstream.json").read_text())
+STREAM = json.loads(golden_file("generate_stream.json").read_text())
+ADMIN = {r["name"]: r for r in json.loads(golden_file("admin.json").read_text())}
 LOGPROB_KEYS = {
     "input_token_logprobs",
     "output_token_logprobs",

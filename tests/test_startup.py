@@ -54,6 +54,13 @@ def _wait_for_port(port: int, proc: subprocess.Popen, within_s: float) -> float:
     raise AssertionError(f"port {port} not open within {within_s} s")
 
 
+def _until_refused(port: int, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while b"connection refused" not in _get(port, "/v1/models")[1]:
+        assert time.monotonic() < deadline, f"no connection attempt reported within {within_s} s"
+        time.sleep(0.05)
+
+
 def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKEN_PROXY_LOG_FORMAT": "json"}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=timeout, env=env)
@@ -70,7 +77,7 @@ def test_port_opens_at_once_and_every_route_says_why_it_cannot_serve():
         assert _wait_for_port(port, proc, within_s=20) < 20
         status, body = _get(port, "/metrics")
         assert status == 200 and b"token_proxy_requests_total" in body
-        time.sleep(0.5)  # one connection attempt has been made
+        _until_refused(port, within_s=20)  # one connection attempt has been made (polled: slow under load)
         for method, path, payload in (("GET", "/v1/models", None),
                                       ("POST", "/v1/chat/completions",
                                        b'{"messages": [{"role": "user", "content": "hi"}]}'),
@@ -135,8 +142,6 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     from token_proxy.proxy.upstream.connection import CONTEXT
     from token_proxy.settings import Settings
 
-    loading = asyncio.Event()
-
     def slow_load(path):
         time.sleep(1.0)
         raise OSError("not a tokenizer")
@@ -145,7 +150,6 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     sim = await make_sim()
     proxy = await aiohttp_client(create_app(Settings(backend_url=str(sim.make_url("")).rstrip("/"),
                                                      tokenizer=str(tokenizer_dir))))
-    loading.set()
     await asyncio.sleep(0.3)
     assert proxy.app[CONTEXT].engine is None
     resp = await proxy.get("/health")

@@ -4,7 +4,8 @@ A chat request with a session key (`X-Session-ID` header or `session_id` body fi
 ids from the session store: the stored prompt + completion ids of the previous turn followed by the
 ids of the new messages only, or a full render with the reason. The outcome goes out as the
 `X-Session-Continuity` header and the `session_continuity` response field; the turn the client got
-is recorded after the response (single-choice requests only).
+is recorded after the response (single-choice requests only), in the tokenizer executor; the session's
+next lookup waits for it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ChatSession:
         self.key = key
         self.plan: SessionPlan | None = None
         self.outcome: SessionOutcome | None = None
+        self._executor = None
 
     @classmethod
     def of(cls, request: web.Request, body: dict) -> ChatSession | None:
@@ -62,6 +64,7 @@ class ChatSession:
 
     async def prompt_ids(self, ctx: ProxyContext, prompt: ChatPrompt, stats: RequestStats) -> list[int]:
         start = time.perf_counter()
+        self._executor = ctx.executor
         self.plan = await self.store.prompt_ids_async(ctx.executor, self.key, prompt.messages,
                                                       TemplateCodec(ctx.renderer.tokenizer, prompt))
         stats.render_s = time.perf_counter() - start
@@ -80,7 +83,7 @@ class ChatSession:
         """`formatter`, recording the returned turn when there is one to record."""
         if self.plan is None or self.plan.rendering is None or n != 1:
             return formatter
-        return RecordingFormatter(formatter, self.store, self.plan)
+        return RecordingFormatter(formatter, self.store, self.plan, self._executor)
 
     def _report(self, outcome: SessionOutcome) -> None:
         self.outcome = outcome
@@ -91,10 +94,11 @@ class RecordingFormatter:
     """A chat formatter that records the single choice it returned: its completion ids, vLLM's finish
     reason and the assistant message as the client got it (for streams, assembled from the deltas)."""
 
-    def __init__(self, inner, store: SessionStore, plan: SessionPlan):
+    def __init__(self, inner, store: SessionStore, plan: SessionPlan, executor):
         self._inner = inner
         self._store = store
         self._plan = plan
+        self._executor = executor
         self._ids: list[int] = []
         self._message: dict = {"role": "assistant", "content": None}
         self._calls: dict[int, dict] = {}
@@ -104,7 +108,8 @@ class RecordingFormatter:
         body = self._inner.response(outputs, usage)
         choice = body["choices"][0] if len(outputs) == 1 else None
         if choice is not None and choice["finish_reason"] in _RECORDED:
-            self._store.record(self._plan, list(outputs[0].token_ids), choice["finish_reason"], choice["message"])
+            self._store.record_soon(self._executor, self._plan, list(outputs[0].token_ids), choice["finish_reason"],
+                                    choice["message"])
         return body
 
     def start(self) -> list[dict]:
@@ -124,7 +129,7 @@ class RecordingFormatter:
         if self._finish in _RECORDED:
             if self._calls:
                 self._message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-            self._store.record(self._plan, self._ids, self._finish, self._message)
+            self._store.record_soon(self._executor, self._plan, self._ids, self._finish, self._message)
         return self._inner.finish(usage)
 
     def _add_delta(self, delta: dict) -> None:

@@ -3,7 +3,7 @@
     key = session_key(request.headers, body)  # None: not a session request
     plan = await store.prompt_ids_async(executor, key, messages, TemplateCodec(tokenizer, chat_prompt))
     ... generate with plan.ids; put plan.outcome in the header and the response field ...
-    store.record(plan, completion_ids, finish_reason, returned_assistant_message)
+    store.record_soon(executor, plan, completion_ids, finish_reason, returned_assistant_message)  # or .record
 """
 
 from token_proxy.sessions.codec import ChatCodec, TemplateCodec

@@ -1,8 +1,12 @@
 """Per-session turns, bounded by count (LRU), idle time (TTL) and bytes; one store per process.
 
-`prompt_ids` and `record` are synchronous and thread-safe: the chat path runs `prompt_ids` in its
-tokenizer executor (it renders and tokenizes) and `record` wherever the response is built. The lock
-only guards the dict; rendering and tokenizing happen outside it.
+`prompt_ids` and `record` are synchronous and thread-safe; the chat path runs both in its tokenizer
+executor (`prompt_ids_async`, `record_soon`): they render, tokenize, decode and serialise, which must
+stay off the event loop. The lock only guards the dict; that work happens outside it.
+
+A record runs after the response is built (for a stream, after its last chunk), so the client may send
+the next turn before it lands: `prompt_ids_async` first waits for the records already under way, so a
+lookup sees every turn whose response came before it (and the evictions those records caused).
 
 With several worker processes each has its own store: a request that lands on a worker which did not
 serve the previous turn is an `unknown_session` fallback (rendered in full, reported and counted).
@@ -11,6 +15,7 @@ serve the previous turn is an `unknown_session` fallback (rendered in full, repo
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from array import array
@@ -23,6 +28,8 @@ import orjson
 from token_proxy.sessions.codec import ChatCodec, digest_text
 from token_proxy.sessions.continuation import Rendering, Turn, continue_turn, generation_prompt, rendering_of
 from token_proxy.sessions.outcome import Fallback, SessionOutcome
+
+log = logging.getLogger(__name__)
 
 _TURN_OVERHEAD_BYTES = 400  # the record, its arrays' headers, digests and the dict slot
 
@@ -60,6 +67,7 @@ class SessionStore:
         self._turns: OrderedDict[str, tuple[float, Turn]] = OrderedDict()  # key -> (last use, turn)
         self._gen_prompts: OrderedDict[bytes, str] = OrderedDict()  # tools + template digest -> prompt
         self._lock = threading.Lock()
+        self._recording: set[asyncio.Future] = set()  # records under way in the executor (event-loop side)
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -87,7 +95,10 @@ class SessionStore:
 
     async def prompt_ids_async(self, executor: Executor | None, key: str, messages: list[dict],
                                codec: ChatCodec) -> SessionPlan:
-        """`prompt_ids` in the tokenizer executor (it renders and tokenizes; keep it off the event loop)."""
+        """`prompt_ids` in the tokenizer executor (it renders and tokenizes; keep it off the event loop),
+        after the records already under way (a client may send turn k+1 as soon as turn k's stream ends)."""
+        if self._recording:
+            await asyncio.wait(set(self._recording))
         return await asyncio.get_running_loop().run_in_executor(executor, self.prompt_ids, key, messages, codec)
 
     def record(self, plan: SessionPlan, completion_ids: list[int], finish_reason: str, reply: dict) -> None:
@@ -107,6 +118,22 @@ class SessionStore:
             self._turns[plan.key] = (self.clock(), turn)
             self.nbytes += turn.nbytes
             self._evict()
+
+    def record_soon(self, executor: Executor | None, plan: SessionPlan, completion_ids: list[int],
+                    finish_reason: str, reply: dict) -> None:
+        """`record` in the tokenizer executor (it decodes the whole completion and serialises the reply);
+        the next `prompt_ids_async` waits for it. Call it on the event loop."""
+        if plan.rendering is None:
+            return
+        future = asyncio.get_running_loop().run_in_executor(executor, self.record, plan, completion_ids,
+                                                            finish_reason, reply)
+        self._recording.add(future)
+        future.add_done_callback(self._recorded)
+
+    def _recorded(self, future: asyncio.Future) -> None:
+        self._recording.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("session turn not recorded", exc_info=future.exception())
 
     def forget(self, key: str) -> None:
         with self._lock:
