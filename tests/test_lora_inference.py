@@ -134,8 +134,10 @@ async def test_prime_rl_loads_then_samples_rollouts_by_adapter_name(proxy, sim, 
     models = [m.id for m in (await client.models.list()).data]
     assert models == [BASE, "policy-lora"]
     reply = await client.chat.completions.create(model="policy-lora", messages=MESSAGES, max_tokens=8,
-                                                 temperature=0, extra_body={"return_token_ids": True})
-    assert reply.model == "policy-lora" and len(reply.choices[0].model_extra["token_ids"]) >= 1
+                                                 temperature=0,
+                                                 extra_body={"return_token_ids": True, "ignore_eos": True})
+    assert reply.model == "policy-lora" and len(reply.choices[0].model_extra["token_ids"]) == 8
+    assert reply.choices[0].finish_reason == "length"
     assert sim.app[SIM_STATE].received[-1]["lora_path"] == "policy-lora@v1"
     async with httpx.AsyncClient(base_url=proxy_url(proxy)) as admin:
         await unload_lora_adapter([admin], "policy-lora")
