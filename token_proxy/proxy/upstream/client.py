@@ -107,30 +107,23 @@ class SGLangClient:
                         continue
                     events = []
                     for raw in raw_events:
-                        data = _event_data(raw)
-                        if data is None:
-                            continue
-                        if data == b"[DONE]":
+                        event, error = _parse_event(raw)
+                        if event is DONE_EVENT or error is not None:
                             if events:
                                 yield events
+                            if error is not None:
+                                raise error
                             return
-                        event = _loads(data)
-                        error = _stream_error(event)
-                        if error is not None:
-                            if events:
-                                yield events
-                            raise error
-                        events.append(event)
+                        if event is not None:
+                            events.append(event)
                     if events:
                         deadline = None
                         yield events
                 if pending.strip():
-                    data = _event_data(pending)
-                    if data is not None and data != b"[DONE]":
-                        event = _loads(data)
-                        error = _stream_error(event)
-                        if error is not None:
-                            raise error
+                    event, error = _parse_event(pending)
+                    if error is not None:
+                        raise error
+                    if event is not None and event is not DONE_EVENT:
                         yield [event]
             finally:
                 if watch is not None:
