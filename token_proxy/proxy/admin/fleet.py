@@ -195,7 +195,12 @@ def _down(reply: WorkerReply) -> bool:
 def _merge(urls: list[str], stale: list[str], replies: list[WorkerReply]) -> list[WorkerReply]:
     """Replies for every url: the rollback's where one ran, a stand-in success elsewhere."""
     by_url = dict(zip(stale, replies))
-    return [by_url.get(url) or WorkerReply(url, 200, b"{}", "application/json") for url in urls]
+    return [by_url.get(url) or stand_in(url) for url in urls]
+
+
+def stand_in(url: str) -> WorkerReply:
+    """A success reply for a worker that was not asked (or whose own reply does not matter)."""
+    return WorkerReply(url, 200, b"{}", "application/json")
 
 
 def _annotate(results: list[WorkerResult], after: list[WorkerResult]) -> list[WorkerResult]:
@@ -269,8 +274,7 @@ async def pause_workers(plane: AdminPlane, mode: str, urls: list[str], action: s
             note = "; the workers that paused were resumed (nothing changed)"
         raise WorkerFailed(failure_status(failed), f"{action} failed on {len(failed)} of {len(replies)} worker(s): "
                            + "; ".join(f"{r.url}: {r.message}" for r in failed) + note)
-    plane.paused_at = time.monotonic()
-    plane.paused = True
+    plane.mark_paused()
     return replies
 
 

@@ -3,7 +3,6 @@ route, so clients and routers written for SGLang keep working through the proxy.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -107,8 +106,7 @@ def note_continue(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> 
 
 def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     if all(r.ok for r in replies):
-        plane.paused_at = time.monotonic()
-        plane.paused = True
+        plane.mark_paused()
 
 
 def note_group(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:

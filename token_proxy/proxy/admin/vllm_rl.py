@@ -54,7 +54,6 @@ from token_proxy.proxy.admin.workers import (
     ADMIN,
     AdminPlane,
     WorkerFailed,
-    WorkerReply,
     failure_status,
     raise_for_failures,
     server_infos,
@@ -396,7 +395,7 @@ async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
             await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
     versions = await fleet.read_versions(plane, urls)
     if len(set(versions.values())) != 1 or (version is not None and versions[urls[0]] != version):
-        stand_ins = [WorkerReply(url, 200, b"{}", "application/json") for url in urls]
+        stand_ins = [fleet.stand_in(url) for url in urls]
         await fleet.recover(plane, urls, stand_ins, action, every_worker_changed=True, expected=version)
     plane.record_version(version or versions[urls[0]])
     plane.hold = None

@@ -166,6 +166,11 @@ class AdminPlane:
             return WorkerReply(url, 0, error=exc)
         return WorkerReply(url, status, data, content_type)
 
+    def mark_paused(self) -> None:
+        """Every worker is paused now (through the proxy)."""
+        self.paused_at = time.monotonic()
+        self.paused = True
+
     def record_version(self, version: str | None) -> None:
         if version is not None and version != self.version:
             self.version = version
