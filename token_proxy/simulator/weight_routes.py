@@ -85,11 +85,12 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
         _load(weights, body["names"], tensors)
     except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
         return _result(False, UPDATE_FAILED.format(exc))
-    if flush_would_crash(sim, body) and not sim.config.since("0.5.22"):
+    refused = flush_would_crash(sim, body)
+    if refused and not sim.config.since("0.5.22"):
         return crash_scheduler(sim)
     weights.updates.append({"names": list(body["names"]), "weight_version": body.get("weight_version")})
     sim.weights_path = f"distributed:{params.digest(tensors)}"
-    if flush_would_crash(sim, body):  # 0.5.22+: updated, flush (and version) skipped
+    if refused:  # 0.5.22+: updated, flush (and version) skipped
         return _result(False, FLUSH_REFUSED)
     return _result(True, "Succeeded to update parameter online." + _after_update(sim, body))
 
