@@ -158,7 +158,7 @@ async def test_truncated_turn_and_eviction_and_metrics(make_sim, make_proxy):
     assert header == "fallback; reason=unknown_session"
     metrics = await (await proxy.get("/metrics")).text()
     assert "token_proxy_session_hits_total 1.0" in metrics
-    assert 'token_proxy_session_evictions_total{cause="lru"}' in metrics
+    assert 'token_proxy_session_evictions_total{cause="lru"} 2.0' in metrics
     assert 'token_proxy_session_fallbacks_total{reason="unknown_session"} 3.0' in metrics
     await client.close()
 
