@@ -30,14 +30,24 @@ class Proxy:
         self.proc, self.url, self.log = proc, url, log
 
     def lines(self) -> list[str]:
-        return self.log.read_text().splitlines()
+        """Whole lines only: a line a worker is writing right now is not read half-way."""
+        text = self.log.read_text()
+        return text[:text.rfind("\n") + 1].splitlines()
 
     def access(self) -> list[dict]:
         return [line for line in map(json.loads, self.lines()) if "endpoint" in line and "request_id" in line]
 
-    def workers_of(self, request_ids) -> set[int]:
+    def workers_of(self, request_ids, wait: float = 5.0) -> set[int]:
+        """The workers that served these requests, from their access lines. A worker writes the line
+        after the response's last byte, so a client can hold the whole reply first: wait for every line."""
         wanted = set(request_ids)
-        return {line["worker"] for line in self.access() if line["request_id"] in wanted}
+        deadline = time.monotonic() + wait
+        while True:
+            found = {line["request_id"]: line["worker"] for line in self.access() if line["request_id"] in wanted}
+            if len(found) == len(wanted) or time.monotonic() > deadline:
+                assert set(found) == wanted, f"no access line for {sorted(wanted - set(found))}"
+                return set(found.values())
+            time.sleep(0.05)
 
     @property
     def sim_url(self) -> str:
