@@ -268,6 +268,18 @@ def test_deepseek_v3_reasoning_needs_thinking_on():
     assert (on.parse("a</think>b").reasoning, on.parse("a</think>b").content) == ("a", "b")
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "search"}}])
+def test_a_forced_call_has_no_reasoning_to_split_off(choice):
+    """The forced call is grammar-constrained from its first token: a reasoning parser would take it
+    for thinking, so the parser is off (and token metadata stays, as with no reasoning parser)."""
+    parsing = output_parsing(TOOLS, choice, tool_parser=None, auto_tool_choice=False, reasoning_parser="qwen3",
+                             include_reasoning=False)
+    assert (parsing.reasoning, parsing.forced, parsing.hides_token_metadata) == (None, True, False)
+    auto = output_parsing(TOOLS, "auto", tool_parser=None, auto_tool_choice=False, reasoning_parser="qwen3",
+                          include_reasoning=False)
+    assert (auto.reasoning, auto.forced, auto.hides_token_metadata) == (REASONING_PARSERS["qwen3"], False, True)
+
+
 # --- modes -----------------------------------------------------------------------------------------
 
 def test_no_parsing_when_tool_choice_none_or_auto_off():

@@ -181,6 +181,12 @@ def output_parsing(
     are the request's fields (tool_choice raw: None when absent).
     """
     choice = effective_tool_choice(tools, tool_choice)
+    forced = choice == "required" or isinstance(choice, dict)
+    if forced:
+        # A forced call is constrained by a json_schema grammar from its first token (vLLM's grammar
+        # waits for the end of thinking; SGLang's /generate gets no such hint), so its output has no
+        # reasoning to split off: a reasoning parser would take the whole call for thinking.
+        reasoning_parser = None
     think = REASONING_PARSERS.get(reasoning_parser) if reasoning_parser else None
     if think is not None and not think.thinking(chat_template_kwargs):
         think = None
@@ -196,7 +202,7 @@ def output_parsing(
         tool_format=tool_format,
         reasoning=think,
         tools=tools,
-        forced=choice == "required" or isinstance(choice, dict),
+        forced=forced,
         single_call=parallel_tool_calls is False,
         include_reasoning=include_reasoning,
         hides_token_metadata=not include_reasoning and bool((tool_parser and auto_tool_choice) or reasoning_parser),

@@ -46,15 +46,10 @@ def tool_flags(ctx: ProxyContext) -> ToolFlags:
 
 
 def output_parsing_of(ctx: ProxyContext, req: ChatRequest) -> OutputParsing:
-    """How this request's completions are split into content, reasoning and tool calls (vLLM 0.33's rules).
-
-    A forced call ("required", a named function) is constrained by a json_schema grammar from its first
-    token (vLLM's grammar waits for the end of thinking; SGLang's /generate gets no such hint), so its
-    output has no reasoning to split off: a reasoning parser would take the whole call for thinking."""
-    forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
+    """How this request's completions are split into content, reasoning and tool calls (vLLM 0.33's rules)."""
     return output_parsing(req.tools, req.tool_choice, tool_parser=ctx.tool_parser,
                           auto_tool_choice=ctx.settings.enable_auto_tool_choice,
-                          reasoning_parser=None if forced else ctx.settings.reasoning_parser,
+                          reasoning_parser=ctx.settings.reasoning_parser,
                           chat_template_kwargs=req.prompt.chat_template_kwargs,
                           parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning)
 
