@@ -134,9 +134,10 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         if ok
         else f"Failed to get weights iterator: Cannot find any model weights with `{path}`."
     )
-    if ok and flush_would_crash(sim, body):
-        if not sim.config.since("0.5.22"):
-            return crash_scheduler(sim)
+    flush = flush_outcome(sim, body) if ok else FLUSH_DONE
+    if flush == CRASH:
+        return crash_scheduler(sim)
+    if flush == REFUSED:
         sim.weights_path = path  # updated; the flush (and the tokenizer's version bump) skipped
         return json_response({"success": False, "message": FLUSH_REFUSED, "num_paused_requests": 0}, 400)
     if ok:
@@ -146,10 +147,17 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return json_response({"success": ok, "message": message, "num_paused_requests": 0}, 200 if ok else 400)
 
 
-def flush_would_crash(sim: SimState, body: dict) -> bool:
-    """SGLang asserts "Cache flush failed after updating weights" (its scheduler dies) when an
-    update's flush_cache (default true) finds requests pending: paused retract / in_place."""
-    return bool(body.get("flush_cache", True)) and bool(sim.running)
+FLUSH_DONE, CRASH, REFUSED = "flushed", "crash", "refused"
+
+
+def flush_outcome(sim: SimState, body: dict) -> str:
+    """What an update's cache flush (flush_cache, default true) does when it finds requests pending
+    (paused retract / in_place): before 0.5.22 SGLang asserts "Cache flush failed after updating
+    weights" and its scheduler dies (CRASH); 0.5.22+ keeps the new weights, skips the flush and the
+    version bump and answers success false (REFUSED). Nothing pending: FLUSH_DONE."""
+    if not (bool(body.get("flush_cache", True)) and bool(sim.running)):
+        return FLUSH_DONE
+    return REFUSED if sim.config.since("0.5.22") else CRASH
 
 
 def crash_scheduler(sim: SimState) -> web.Response:

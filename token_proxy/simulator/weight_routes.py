@@ -11,11 +11,13 @@ from aiohttp import web
 
 from token_proxy.simulator import params
 from token_proxy.simulator.admin_routes import (
+    CRASH,
     FLUSH_REFUSED,
+    REFUSED,
     _body,
     _drain,
     crash_scheduler,
-    flush_would_crash,
+    flush_outcome,
 )
 from token_proxy.simulator.errors import json_response
 from token_proxy.simulator.state import SIM_STATE, SimState
@@ -85,12 +87,12 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
         _load(weights, body["names"], tensors)
     except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
         return _result(False, UPDATE_FAILED.format(exc))
-    refused = flush_would_crash(sim, body)
-    if refused and not sim.config.since("0.5.22"):
+    flush = flush_outcome(sim, body)
+    if flush == CRASH:
         return crash_scheduler(sim)
     weights.updates.append({"names": list(body["names"]), "weight_version": body.get("weight_version")})
     sim.weights_path = f"distributed:{params.digest(tensors)}"
-    if refused:  # 0.5.22+: updated, flush (and version) skipped
+    if flush == REFUSED:
         return _result(False, FLUSH_REFUSED)
     return _result(True, "Succeeded to update parameter online." + _after_update(sim, body))
 
