@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 
 from token_proxy.proxy.ops.access_log import configure_logging
+from token_proxy.schemas.fields import bool_word
 from token_proxy.settings import Settings
 from token_proxy.tools import REASONING_PARSERS, TOOL_PARSERS
 
@@ -39,10 +40,9 @@ def url_list(value: str) -> tuple[str, ...]:
 def flag_bool(value: str | bool) -> bool:
     if isinstance(value, bool):
         return value
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
+    flag = bool_word(value)
+    if flag is not None:
+        return flag
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from token_proxy.errors import InvalidRequest
+from token_proxy.schemas.fields import bool_word
 
 BACKENDS = ("nccl", "gloo")
 # torch dtype names SGLang's receiver resolves with getattr(torch, name).
@@ -25,10 +26,9 @@ def query_flag(query, name: str, default: bool) -> bool:
     value = query.get(name)
     if value is None:
         return default
-    if value.lower() in ("true", "1", "yes", "on"):
-        return True
-    if value.lower() in ("false", "0", "no", "off"):
-        return False
+    flag = bool_word(value)
+    if flag is not None:
+        return flag
     raise InvalidRequest(f"{name} must be true or false, got {value!r}", param=name)
 
 
