@@ -247,9 +247,9 @@ async def test_a_reloaded_adapter_stays_in_sglang_until_every_worker_is_done_wit
     assert status == 200, reply
     assert "actor@v1" in await sim_adapters(proxy)
     await chat(proxy, "actor")
-    # Streams on v1 on both workers (~1.2 s each; SPREAD of them, so both workers get some), then an
+    # Streams on v1 on both workers (~2.4 s each; SPREAD of them, so both workers get some), then an
     # in-place reload to v2 through some worker.
-    streams = [asyncio.ensure_future(stream(proxy, 60, "actor")) for _ in range(SPREAD)]
+    streams = [asyncio.ensure_future(stream(proxy, 120, "actor")) for _ in range(SPREAD)]
     await asyncio.sleep(0.4)
     status, reply = await call("POST", proxy.url + "/load_lora_adapter",
                                json={"lora_name": "actor", "lora_path": str(write_adapter(tmp_path, "a2"))})
