@@ -1,18 +1,16 @@
 """One JSON line per request, the X-Request-Id header that names it, and the process's log setup.
 
-Log records leave the event loop through a queue: a thread does the writing, so a slow
-stderr (a full pipe, a blocked terminal) never stalls requests. Each record leaves in one write(2)
-of the whole line: with --workers N several processes share stderr, and whole-line writes keep it
-one stream of lines (a pipe writes up to PIPE_BUF, 4 KiB, atomically; an O_APPEND file, any line).
+Lines leave the event loop through one LogWriter (log_writer.py): a thread writes them in batches of
+whole lines, so a slow stderr (a full pipe, a blocked terminal) never stalls requests, and with
+--workers N the processes sharing stderr never split each other's lines. An access line costs the
+loop a dict, one orjson.dumps and a deque append: no LogRecord, no queue hand-off per request.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
-import logging.handlers
 import os
-import queue
 import sys
 import time
 import uuid
@@ -20,6 +18,7 @@ import uuid
 import orjson
 from aiohttp import web
 
+from token_proxy.proxy.ops.log_writer import LogWriter
 from token_proxy.proxy.request_ids import header_request_id
 from token_proxy.proxy.request_stats import STATS, RequestStats
 
@@ -77,7 +76,20 @@ def log_request(request: web.Request, endpoint: str, status: int, stats: Request
     worker = request.app.get(WORKER_INDEX)
     if worker is not None:
         fields["worker"] = worker
-    access_log.log(level, orjson.dumps(fields).decode(), extra={"access": fields})
+    writer = sole_writer()
+    if writer is not None:  # the CLI's set-up: no LogRecord, no formatting, no lock
+        writer.write_line(orjson.dumps(fields, option=orjson.OPT_APPEND_NEWLINE))
+    else:
+        access_log.log(level, orjson.dumps(fields).decode(), extra={"access": fields})
+
+
+def sole_writer() -> LogWriter | None:
+    """The LogWriter that configure_logging installed, when an access record would reach it alone
+    (any other handler, such as a test's caplog, gets records as usual)."""
+    if access_log.handlers or not access_log.propagate:
+        return None
+    handlers = logging.root.handlers
+    return handlers[0] if len(handlers) == 1 and type(handlers[0]) is LogWriter else None
 
 
 def _ttft(stats: RequestStats) -> float | None:
@@ -102,26 +114,19 @@ class JsonFormatter(logging.Formatter):
 LIBRARY_LOGGERS = ("transformers",)
 
 
-def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 10.0
-                      ) -> logging.handlers.QueueListener:
-    """Root logging for the CLI: every record goes through a queue to a writer thread; access
-    lines are written as they are (already JSON), everything else as text or JSON. Repeated
-    warnings (the same message template) are written once per `repeat_interval_s`, with a count."""
+def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 10.0) -> LogWriter:
+    """Root logging for the CLI: every line goes to stderr through one LogWriter (a thread writes
+    batches of whole lines); access lines are written as they are (already JSON), everything else
+    as text or JSON. Repeated warnings (the same message template) are written once per
+    `repeat_interval_s`, with a count. Returns the writer (`stop()` writes what is left)."""
     # Advice meant for notebook users (e.g. "PyTorch was not found"): the proxy never needs torch.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    console = LineWriter(sys.stderr)
-    console.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    access = LineWriter(sys.stderr)
-    access.setFormatter(logging.Formatter("%(message)s"))
-    access.addFilter(lambda record: record.name == ACCESS_LOGGER)
-    console.addFilter(lambda record: record.name != ACCESS_LOGGER)
-    records: queue.SimpleQueue = queue.SimpleQueue()
-    listener = logging.handlers.QueueListener(records, console, access, respect_handler_level=False)
+    console = JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    writer = LogWriter(sys.stderr)
+    writer.setFormatter(AccessAsIs(console))
+    writer.addFilter(RepeatFilter(repeat_interval_s))
     root = logging.getLogger()
-    queued = logging.handlers.QueueHandler(records)
-    queued.addFilter(RepeatFilter(repeat_interval_s))  # here: the queue flattens message templates
-    root.handlers[:] = [queued]
+    root.handlers[:] = [writer]
     root.setLevel(level.upper())
     for name in LIBRARY_LOGGERS:  # before their import: a logger-level filter sees records first
         library = logging.getLogger(name)
@@ -129,31 +134,19 @@ def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 
             library.addFilter(_ToRoot())
     adopt_library_loggers()
     logging.captureWarnings(True)  # Python warnings (deprecations) as records on the "py.warnings" logger
-    listener.start()
-    atexit.register(listener.stop)  # flushes what is still queued
-    return listener
+    atexit.register(writer.stop)  # writes what is still gathered
+    return writer
 
 
-class LineWriter(logging.StreamHandler):
-    """A StreamHandler that writes each record as one os.write of the whole line (several processes
-    share the stream: a buffered text stream may split a line between two writes)."""
+class AccessAsIs(logging.Formatter):
+    """Access lines are JSON already: written as they are; every other record by `other`."""
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            data = (self.format(record) + "\n").encode("utf-8", "replace")
-            fd = self.stream.fileno()
-        except (AttributeError, OSError, ValueError):  # no file descriptor (a test's StringIO): as usual
-            super().emit(record)
-            return
-        except Exception:  # noqa: BLE001 -- logging's own contract: report, never raise
-            self.handleError(record)
-            return
-        try:
-            self.stream.flush()  # anything written through the text layer first stays in order
-            while data:
-                data = data[os.write(fd, data):]
-        except OSError:
-            self.handleError(record)
+    def __init__(self, other: logging.Formatter):
+        super().__init__()
+        self.other = other
+
+    def format(self, record: logging.LogRecord) -> str:
+        return record.getMessage() if record.name == ACCESS_LOGGER else self.other.format(record)
 
 
 def adopt_library_loggers() -> None:

@@ -1,0 +1,99 @@
+"""The process's one log writer: lines are gathered in memory and a thread writes them, in batches.
+
+The event loop never waits on stderr (a full pipe, a blocked terminal) and pays no queue hand-off and
+no thread wake-up per line: the writer wakes at most once per `interval_s`. Access lines skip
+logging's machinery altogether (`write_line`: bytes already encoded, no LogRecord).
+
+Every os.write holds whole lines only, at most PIPE_BUF bytes unless one line is longer: with
+--workers N several processes share stderr, and a pipe writes up to PIPE_BUF atomically (an
+O_APPEND file, any size), so the stream stays one line per request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import select
+import threading
+
+PIPE_BUF = getattr(select, "PIPE_BUF", 4096)
+
+
+class LogWriter(logging.Handler):
+    """A logging handler (records are formatted in the caller's thread) and a sink for encoded lines."""
+
+    def __init__(self, stream, interval_s: float = 0.05, line_formatter: logging.Formatter | None = None):
+        super().__init__()
+        self.stream = stream
+        self.interval_s = interval_s
+        self._lines: collections.deque[bytes] = collections.deque()  # append/popleft: thread-safe
+        self._wake = threading.Event()
+        self._write_lock = threading.Lock()  # the writer thread and flush(); never held by emit()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+        self._thread.start()
+
+    def write_line(self, line: bytes) -> None:
+        """One encoded line, ending in a newline (the access log's fast path)."""
+        self._lines.append(line)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = (self.format(record) + "\n").encode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 -- logging's own contract: report, never raise
+            self.handleError(record)
+            return
+        self.write_line(line)
+
+    def flush(self) -> None:
+        with self._write_lock:
+            self._write_pending()
+
+    def close(self) -> None:
+        """Stops the thread and writes what is left (at exit: logging.shutdown, or stop())."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self.flush()
+        super().close()
+
+    stop = close  # configure_logging's callers stop "the listener"
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait()
+            self._closing.wait(self.interval_s)  # gather a batch; close() ends the wait
+            self._wake.clear()  # before taking the lines: a line added after this wakes the next round
+            self.flush()
+
+    def _write_pending(self) -> None:
+        lines = self._lines
+        chunk: list[bytes] = []
+        size = 0
+        while lines:
+            line = lines.popleft()
+            if chunk and size + len(line) > PIPE_BUF:
+                self._write(b"".join(chunk))
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line)
+        if chunk:
+            self._write(b"".join(chunk))
+
+    def _write(self, data: bytes) -> None:
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):  # no file descriptor (a test's StringIO)
+            self.stream.write(data.decode("utf-8", "replace"))
+            self.stream.flush()
+            return
+        try:
+            self.stream.flush()  # anything written through the text layer first stays in order
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:
+            pass  # stderr is gone: nowhere left to report it
