@@ -249,7 +249,8 @@ async def _engine(ctx: ProxyContext) -> Engine:
     finally:  # transformers gives itself a stderr handler on import: route it through ours
         adopt_library_loggers()
     return Engine(backend=backend, tokenizer_info=describe_tokenizer(tokenizer),
-                  renderer=PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size),
+                  renderer=PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size,
+                                          busy=lambda: bool(ctx.in_flight)),
                   token_texts=TokenTexts(tokenizer), tool_parser=_tool_parser(ctx, tokenizer))
 
 
