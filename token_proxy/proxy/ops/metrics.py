@@ -312,6 +312,14 @@ async def observe_requests(request: web.Request, handler):
         response = await handler(request)
         status = response.status
         overloaded = status == 503 and "Retry-After" in response.headers  # the proxy's own refusal
+        if isinstance(response, web.Response) and not response.prepared:
+            # A whole reply leaves now, so the client does not wait for the bookkeeping below;
+            # aiohttp's own prepare and write_eof then find it sent.
+            try:
+                await response.prepare(request)
+                await response.write_eof()
+            except ConnectionError:
+                status = CLIENT_CLOSED
         return response
     except web.HTTPException as exc:
         status = exc.status
