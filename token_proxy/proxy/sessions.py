@@ -94,6 +94,8 @@ class RecordingFormatter:
     """A chat formatter that records the single choice it returned: its completion ids, vLLM's finish
     reason and the assistant message as the client got it (for streams, assembled from the deltas)."""
 
+    plain_chunks = False  # every chunk is recorded
+
     def __init__(self, inner, store: SessionStore, plan: SessionPlan, executor):
         self._inner = inner
         self._store = store
