@@ -95,8 +95,8 @@ WORDS = ["Hello", ",", " wor", "ld", " \"quoted\"", " back\\slash", "\n", "\ttab
 STOP_EOS = {"type": "stop", "matched": EOS}
 
 
-def words(n=len(WORDS), start=100):
-    return [[event(WORDS[i % len(WORDS)], [start + i])] for i in range(n)]
+def words(n: int | None = None, start=100):
+    return [[event(WORDS[i % len(WORDS)], [start + i])] for i in range(len(WORDS) if n is None else n)]
 
 
 ENDINGS = {
