@@ -11,8 +11,8 @@ endpoint can drift from another:
 - SGLang's two stream modes (cumulative or --incremental-streaming-output) give the same outputs.
 Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token ids go out at once.
 
-Per stream event this runs once per token: `feed_running` is `feed` for the common event (a plain
-stream's started choice going on), in fewer steps, for the stream's chunk template.
+`feed` runs once per stream event, that is per token: `feed_running` is `feed` cut down to the common
+event (a plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py).
 """
 
 from __future__ import annotations
@@ -175,9 +175,7 @@ class OutputRules:
         text = self._releasable(state, None)
         if not ids and not text:
             return None
-        version = meta.get("weight_version")
-        if version is not None and version != state.version and ids:
-            self._track(state, 0, version, len(ids))
+        self._track(state, 0, meta.get("weight_version"), len(ids))
         return text, ids
 
     def _feed(self, index: int, event: dict) -> Output | None:
@@ -199,9 +197,7 @@ class OutputRules:
         text = self._releasable(state, finish)
         if not ids and not text and finish is None:
             return None
-        version = meta.get("weight_version")
-        if version is not None and version != state.version and ids:
-            self._track(state, index, version, len(ids))
+        self._track(state, index, meta.get("weight_version"), len(ids))
         first, state.started = not state.started, True
         if finish is None:
             return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
@@ -211,7 +207,9 @@ class OutputRules:
                       self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 
     def _track(self, state: _Choice, index: int, version, new_tokens: int) -> None:
-        """Only when the version changes (every event reports it): a span starts where it did."""
+        """A span starts where the version changes (every event reports it, most repeat the last)."""
+        if version is None or version == state.version or not new_tokens:
+            return
         state.version = version
         self._versions.track(index, version, state.ids_seen - new_tokens, new_tokens)
 
