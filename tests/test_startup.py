@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from token_proxy.cli import FLAG_GROUPS, normalise_backend_url, parse_settings
+from token_proxy.cli import FLAG_GROUPS, new_event_loop, normalise_backend_url, parse_settings
 from token_proxy.proxy.ops.access_log import RepeatFilter
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -269,3 +269,18 @@ def test_readme_table_lists_every_flag():
     listed = {flag for line in table for flag in re.findall(r"`(--[a-z-]+)`", line.split("|")[1])}
     flags = {flag for _, group in FLAG_GROUPS for flag, *_ in group}
     assert flags - listed == set()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="uvloop is a Linux dependency")
+def test_the_server_runs_on_uvloop_where_it_is_installed(monkeypatch):
+    loop = new_event_loop()
+    try:
+        assert type(loop).__module__.startswith("uvloop")
+    finally:
+        loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed: asyncio's own loop
+    loop = new_event_loop()
+    try:
+        assert type(loop).__module__.startswith("asyncio.")
+    finally:
+        loop.close()

@@ -66,9 +66,9 @@ def event(i: int, finish=None) -> dict:
     return {"text": f"t{i}", "output_ids": [i], "meta_info": {"id": "r", "finish_reason": finish}}
 
 
-def chunked(body: bytes, size: int = 7) -> bytes:
+def chunked(body: bytes, size: int = 7, ext: bytes = b";ext=1") -> bytes:
     parts = [body[i:i + size] for i in range(0, len(body), size)]
-    return b"".join(b"%x;ext=1\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+    return b"".join(b"%x%b\r\n%b\r\n" % (len(p), ext, p) for p in parts) + b"0\r\n\r\n"
 
 
 HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -89,10 +89,12 @@ async def collect(stream: RelayStream, down=None) -> list[dict]:
     return got
 
 
+@pytest.mark.parametrize("ext", [b";ext=1", b""])
+@pytest.mark.parametrize("size", [7, 100, 100_000])
 @pytest.mark.parametrize("piece", [1, 2, 3, 5, 64, 100_000])
-async def test_events_come_out_whole_however_the_bytes_are_split(piece):
+async def test_events_come_out_whole_however_the_bytes_are_split(piece, size, ext):
     stream, _ = relay_stream()
-    raw = b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD_CHUNKED + chunked(SSE)
+    raw = b"HTTP/1.1 100 Continue\r\n\r\n" + HEAD_CHUNKED + chunked(SSE, size, ext)
     for i in range(0, len(raw), piece):
         stream.data_received(raw[i:i + piece])
     assert await collect(stream) == EVENTS
@@ -138,6 +140,15 @@ async def test_a_connection_lost_mid_chunk_is_unavailable():
     stream.connection_lost(ConnectionResetError("reset"))
     with pytest.raises(BackendUnavailable, match="SGLang closed the connection mid-response: reset"):
         await collect(stream)
+
+
+@pytest.mark.parametrize("size", [b"zz", b"-5", b"zz;ext=1"])
+async def test_a_bad_chunk_size_is_unavailable(size):
+    stream, transport = relay_stream()
+    stream.data_received(HEAD_CHUNKED + size + b"\r\n" + SSE)
+    with pytest.raises(BackendUnavailable, match=f"bad chunk size {re.escape(repr(size))}"):
+        await collect(stream)
+    assert transport.closed
 
 
 async def test_the_idle_limit_ends_a_stalled_stream():

@@ -94,13 +94,15 @@ class RecordingFormatter:
     """A chat formatter that records the single choice it returned: its completion ids, vLLM's finish
     reason and the assistant message as the client got it (for streams, assembled from the deltas)."""
 
+    plain_chunks = False  # every chunk is recorded
+
     def __init__(self, inner, store: SessionStore, plan: SessionPlan, executor):
         self._inner = inner
         self._store = store
         self._plan = plan
         self._executor = executor
         self._ids: list[int] = []
-        self._message: dict = {"role": "assistant", "content": None}
+        self._texts: dict[str, list[str]] = {"content": []}  # the deltas' text, joined once at the end
         self._calls: dict[int, dict] = {}
         self._finish: str | None = None
 
@@ -127,16 +129,16 @@ class RecordingFormatter:
     def finish(self, usage: Usage) -> list[dict]:
         """The stream ended normally: record what was sent."""
         if self._finish in _RECORDED:
+            message = {"role": "assistant", **{key: "".join(parts) or None for key, parts in self._texts.items()}}
             if self._calls:
-                self._message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
-            self._store.record_soon(self._executor, self._plan, self._ids, self._finish, self._message)
+                message["tool_calls"] = [self._calls[i] for i in sorted(self._calls)]
+            self._store.record_soon(self._executor, self._plan, self._ids, self._finish, message)
         return self._inner.finish(usage)
 
     def _add_delta(self, delta: dict) -> None:
-        message = self._message
         for key in ("content", "reasoning"):
             if delta.get(key):
-                message[key] = (message.get(key) or "") + delta[key]
+                self._texts.setdefault(key, []).append(delta[key])
         for call in delta.get("tool_calls") or ():
             entry = self._calls.setdefault(call["index"], {"id": None, "type": "function",
                                                            "function": {"name": None, "arguments": ""}})

@@ -109,6 +109,8 @@ class ChatFormatter:
         self._skips_empty = not (self._returns_prompt_ids or req.sampling.logprobs)
         # vLLM honours continuous_usage_stats only together with include_usage.
         self._continuous_usage = req.output.include_usage and req.output.continuous_usage_stats
+        # A running chunk: id, model, the content delta and token ids (see Formatter.plain_chunks).
+        self.plain_chunks = type(parser) is PlainText and not req.sampling.logprobs and not self._continuous_usage
 
     # Not streaming
 

@@ -20,6 +20,8 @@ class CompletionFormatter:
         self._namer = namer
         self._prompt_texts = prompt_texts
         self._offsets = [0] * (len(meta.prompt_ids) * req.sampling.n)  # text offset of each choice's next token
+        # Echo and the prompt ids ride on a choice's first chunk only (see Formatter.plain_chunks).
+        self.plain_chunks = not req.sampling.logprobs
 
     def response(self, outputs: list[Output], usage: Usage) -> dict:
         meta = self._meta

@@ -35,6 +35,8 @@ class GenerateFormatter:
         self._meta = meta
         self._namer = namer
         self._sent_first = False
+        # The prompt ids ride on the stream's first chunk only (see Formatter.plain_chunks).
+        self.plain_chunks = not req.sampling.logprobs
 
     def _choice(self, out: Output) -> dict:
         logprobs = None

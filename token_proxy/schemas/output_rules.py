@@ -10,6 +10,9 @@ endpoint can drift from another:
 - finish_reason / stop_reason in vLLM's words; usage counts; weight-version spans;
 - SGLang's two stream modes (cumulative or --incremental-streaming-output) give the same outputs.
 Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token ids go out at once.
+
+`feed` runs once per stream event, that is per token: `feed_running` is `feed` cut down to the common
+event (a plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py).
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from token_proxy.schemas.weight_versions import VersionSpans
 
 REPLACEMENT = "\ufffd"
 _NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
+_EMPTY: dict = {}
+# An incremental choice keeps only text not yet sent plus the longest stop string's length of sent text
+# (what a final stop-string trim may look at): past this many sent characters, the rest is dropped, so
+# a long output is not copied whole on every event (quadratic: seconds of CPU at 64k tokens).
+_COMPACT_AT = 4096
+NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use `feed`
 
 
 @dataclass(slots=True)
@@ -83,13 +92,14 @@ def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | Non
 
 @dataclass(slots=True)
 class _Choice:
-    text: str = ""  # all text so far, as SGLang reported it
-    sent_chars: int = 0
+    text: str = ""  # all text so far, as SGLang reported it (its sent head dropped, see _COMPACT_AT)
+    sent_chars: int = 0  # of `text`
     ids_seen: int = 0
     logprobs_seen: int = 0
     ids: list = field(default_factory=list)  # kept only while the proxy enforces stop ids
     started: bool = False
     finished: bool = False
+    version: object = None  # the weight_version last given to VersionSpans.track
 
 
 class OutputRules:
@@ -104,12 +114,20 @@ class OutputRules:
         self._choices = [_Choice() for _ in range(choices)]
         self._holdback = max((len(s) for s in sampling.stop), default=1) - 1
         self._stop_ids = sampling.proxy_stop_ids
+        # Under proxy stop ids a cut re-spells the whole choice (_cut_at_stop_id): nothing is dropped.
+        self._compact_at = None if self._stop_ids or not incremental else self._holdback + 1 + _COMPACT_AT
         self._eos = None if sampling.ignore_eos else eos_token_id  # under ignore_eos vLLM names every stop id
         self.prompt_tokens = prompt_tokens
         self.cached_tokens = 0
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         self._versions = VersionSpans()  # a choice that spans a weight update reports each version
+
+    @property
+    def plain(self) -> bool:
+        """A stream whose running events are text and ids only: one choice, SGLang's deltas, no stop
+        strings, no proxy-enforced stop ids (`feed_running` serves these)."""
+        return len(self._choices) == 1 and self._incremental and not self._holdback and not self._stop_ids
 
     @property
     def done(self) -> bool:
@@ -140,6 +158,26 @@ class OutputRules:
         """One stream event -> the new output of its choice (None when there is nothing to send yet)."""
         return self._feed(event.get("index", 0), event)
 
+    def feed_running(self, event: dict):
+        """`feed` for a `plain` stream's event that continues its started choice: the same state
+        changes, returning only the new (text, token ids), or None when there is nothing to send.
+        Any other event (the first, the last, another index) returns NOT_RUNNING untouched: `feed` it."""
+        meta = event.get("meta_info") or _EMPTY
+        state = self._choices[0]
+        if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
+            return NOT_RUNNING
+        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
+        self.weight_version = meta.get("weight_version", self.weight_version)
+        ids = event.get("output_ids") or []
+        state.ids_seen += len(ids)
+        state.logprobs_seen += len(meta.get("output_token_logprobs") or ())
+        self._take_text(state, event.get("text") or "")
+        text = self._releasable(state, None)
+        if not ids and not text:
+            return None
+        self._track(state, 0, meta.get("weight_version"), len(ids))
+        return text, ids
+
     def _feed(self, index: int, event: dict) -> Output | None:
         if not 0 <= index < len(self._choices) or self._choices[index].finished:
             return None
@@ -159,7 +197,7 @@ class OutputRules:
         text = self._releasable(state, finish)
         if not ids and not text and finish is None:
             return None
-        self._versions.track(index, meta.get("weight_version"), state.ids_seen - len(ids), len(ids))
+        self._track(state, index, meta.get("weight_version"), len(ids))
         first, state.started = not state.started, True
         if finish is None:
             return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
@@ -168,11 +206,21 @@ class OutputRules:
         return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
                       self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 
+    def _track(self, state: _Choice, index: int, version, new_tokens: int) -> None:
+        """A span starts where the version changes (every event reports it, most repeat the last)."""
+        if version is None or version == state.version or not new_tokens:
+            return
+        state.version = version
+        self._versions.track(index, version, state.ids_seen - new_tokens, new_tokens)
+
     def _new_items(self, items: list, seen: int) -> list:
         return items if self._incremental else items[seen:]
 
     def _take_text(self, state: _Choice, text: str) -> None:
         if self._incremental:
+            if self._compact_at is not None and state.sent_chars > self._compact_at:
+                drop = state.sent_chars - self._holdback - 1  # keep the longest stop string's length
+                state.text, state.sent_chars = state.text[drop:], state.sent_chars - drop
             state.text += text
         elif text.startswith(state.text[: state.sent_chars]):
             state.text = text

@@ -12,6 +12,7 @@ from aiohttp import web
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.proxy.admin.lora import LoraAdmin, retry_if_lost
 from token_proxy.proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
+from token_proxy.proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.proxy.request_stats import RequestStats
 from token_proxy.proxy.upstream.aborts import abort_all_of, aborting_on_exit
 from token_proxy.proxy.upstream.context import ProxyContext
@@ -40,11 +41,12 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
+        frames = StreamFrames(rules, formatter)
         response = await open_sse(request)
-        await response.write(sse_frames(formatter.start() + _chunks(rules, formatter, first)))
+        await response.write(frames.start(first))
         stats.mark_first_token()
         try:
-            await _relay(request, response, ctx, stream, call.rids, rules, formatter)
+            await _relay(request, response, ctx, stream, call.rids, rules, frames)
         except ProxyError as exc:
             if isinstance(exc, BackendTimeout):
                 abort_all_of(ctx, call.rids)
@@ -62,25 +64,15 @@ async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExi
     return stream, await stream.first()
 
 
-def _chunks(rules: OutputRules, formatter, events: list[dict]) -> list[dict]:
-    chunks = []
-    for event in events:
-        out = rules.feed(event)
-        chunk = None if out is None else formatter.chunk(out)
-        if chunk is not None:  # None: a delta a tool/reasoning parser held back entirely
-            chunks.append(chunk)
-    return chunks
-
-
 async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],
-                 rules: OutputRules, formatter) -> None:
+                 rules: OutputRules, frames: StreamFrames) -> None:
     """Every further event, translated and written as it arrives (from the stream's read callback)."""
     out = SSEWriter(request, response)
 
     def sink(events: list[dict]) -> bool:
-        chunks = _chunks(rules, formatter, events)
-        if chunks:
-            out.write(sse_frames(chunks))
+        data = frames.frames(events)
+        if data:
+            out.write(data)
         return rules.cut_short and rules.done
 
     await stream.relay(sink, out)
@@ -88,7 +80,7 @@ async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyC
         abort_all_of(ctx, rids)  # SGLang would go on to max_tokens
     if not rules.done:
         raise BackendError("SGLang ended the stream before every choice finished")
-    await response.write(sse_frames(formatter.finish(rules.usage())) + DONE)
+    await response.write(frames.finish())
 
 
 def record(stats: RequestStats, rules: OutputRules) -> None:

@@ -45,6 +45,11 @@ class Job:
 class Formatter(Protocol):
     """An endpoint's response shape, over the output rules' `Output`s."""
 
+    # True when a started, unfinished choice's chunk holds only its new text and token ids, and
+    # making one changes nothing once the stream's first chunk is out: a plain stream's running
+    # chunks are then written from a template (pipeline/stream_frames.py).
+    plain_chunks: bool
+
     def response(self, outputs: list[Output], usage: Usage) -> dict: ...
 
     def start(self) -> list[dict]: ...

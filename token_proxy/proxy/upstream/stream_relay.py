@@ -222,18 +222,19 @@ class RelayStream(asyncio.Protocol):
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            line, pos = buf[pos:eol], eol + 2
-            try:
-                length = int(line.split(b";", 1)[0], 16)
-            except ValueError:
-                raise BackendUnavailable(f"SGLang closed the connection mid-response: bad chunk size "
-                                         f"{line[:40]!r}") from None
+            length = _chunk_size(buf[pos:eol])
+            pos = eol + 2
             if length == 0:  # the last chunk (trailers, if any, are not read)
                 if out:
                     self._body_bytes(b"".join(out))
                 if not self._ended and self._error is None:
                     self._body_end()
                 return
+            end = pos + length
+            if end + 2 <= size:  # the whole chunk and its CRLF (SGLang writes an event per chunk)
+                out.append(buf[pos:end])
+                pos = end + 2
+                continue
             self._left = length
         self._buf = buf[pos:]
         if out:
@@ -336,6 +337,19 @@ class RelayStream(asyncio.Protocol):
         self._wake()
         if self.transport is not None and not self._lost:
             self.transport.close()
+
+
+def _chunk_size(line: bytes) -> int:
+    try:
+        size = int(line, 16)
+    except ValueError:
+        try:  # a chunk extension
+            size = int(line.split(b";", 1)[0], 16)
+        except ValueError:
+            size = -1
+    if size < 0:
+        raise BackendUnavailable(f"SGLang closed the connection mid-response: bad chunk size {line[:40]!r}")
+    return size
 
 
 DONE_EVENT = object()  # what `parse_event` returns for SGLang's [DONE]
