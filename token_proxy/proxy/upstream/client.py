@@ -297,20 +297,14 @@ class _IdleWatch:
         self._handle.cancel()
 
 
-_NO_META: dict = {}
-
-
 def _parse_event(raw: bytes) -> tuple[dict | object | None, ProxyError | None]:
     """One raw SSE event -> (the event, or DONE_EVENT, or None: no data) or its error."""
-    data = raw[6:] if raw.startswith(b"data: ") and b"\n" not in raw else _event_data(raw)  # SGLang's: one line
+    data = _event_data(raw)
     if data is None:
         return None, None
     if data == b"[DONE]":
         return DONE_EVENT, None
     event = _loads(data)
-    # Only an error event, or the last with its finish_reason, can be one: the others pass at a glance.
-    if type(event) is dict and "error" not in event and not (event.get("meta_info") or _NO_META).get("finish_reason"):
-        return event, None
     return event, _stream_error(event)
 
 
