@@ -99,7 +99,6 @@ class _Choice:
     ids: list = field(default_factory=list)  # kept only while the proxy enforces stop ids
     started: bool = False
     finished: bool = False
-    version: object = None  # the weight_version last given to VersionSpans.track
 
 
 class OutputRules:
@@ -208,9 +207,6 @@ class OutputRules:
 
     def _track(self, state: _Choice, index: int, version, new_tokens: int) -> None:
         """A span starts where the version changes (every event reports it, most repeat the last)."""
-        if version is None or version == state.version or not new_tokens:
-            return
-        state.version = version
         self._versions.track(index, version, state.ids_seen - new_tokens, new_tokens)
 
     def _new_items(self, items: list, seen: int) -> list:

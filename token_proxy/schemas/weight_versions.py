@@ -19,10 +19,12 @@ class VersionSpans:
 
     def __init__(self) -> None:
         self._starts: dict[int, list[tuple[str, int]]] = {}
+        self._last: dict[int, object] = {}  # per choice, the version as last tracked (most events repeat it)
 
     def track(self, index: int, version: str | None, tokens_before: int, new_tokens: int) -> None:
-        if version is None or not new_tokens:
+        if version is None or not new_tokens or self._last.get(index) == version:
             return
+        self._last[index] = version
         starts = self._starts.setdefault(index, [])
         if not starts or starts[-1][0] != str(version):
             starts.append((str(version), tokens_before))
