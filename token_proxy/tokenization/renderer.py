@@ -50,9 +50,6 @@ class ChatPrompt:
     continue_final_message: bool = False
     add_special_tokens: bool = False
 
-    def cache_key(self) -> bytes:
-        return hashlib.blake2b(self.key_blob(), digest_size=16).digest()
-
     def key_blob(self) -> bytes:
         """Everything the render depends on, serialised (its length is about the prompt's)."""
         return orjson.dumps(

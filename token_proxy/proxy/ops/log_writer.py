@@ -25,7 +25,7 @@ PIPE_BUF = getattr(select, "PIPE_BUF", 4096)
 class LogWriter(logging.Handler):
     """A logging handler (records are formatted in the caller's thread) and a sink for encoded lines."""
 
-    def __init__(self, stream, interval_s: float = 0.05, line_formatter: logging.Formatter | None = None):
+    def __init__(self, stream, interval_s: float = 0.05):
         super().__init__()
         self.stream = stream
         self.interval_s = interval_s
