@@ -32,6 +32,8 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -273,13 +275,23 @@ def proxy_supports_workers() -> bool:
     return "--workers " in out or "--workers N" in out
 
 
-def start_proxy(backend: str, workers: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
+def start_proxy(backend: str, workers: int, extra: list[str],
+                profile: str | None = None) -> tuple[subprocess.Popen, str]:
+    """With `profile` (a folder): py-spy samples the proxy's processes (speedscope JSON, written when
+    the proxy stops) and the access lines, with their per-stage times, are kept there too."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "token_proxy", "--backend", backend, "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", *extra]
+           "--log-level", "info" if profile else "warning", *extra]
     if workers != 1:
         cmd += ["--workers", str(workers)]
+    if profile:
+        os.makedirs(profile, exist_ok=True)
+        spy = shutil.which("py-spy", path=f"{os.path.dirname(sys.executable)}:{os.environ.get('PATH', '')}")
+        if spy is None:
+            raise SystemExit("--profile needs py-spy: pip install py-spy")
+        cmd = [spy, "record", "--subprocesses", "--rate", "200", "--format", "speedscope", "--nonblocking",
+               "-o", os.path.join(profile, f"proxy-x{workers}.speedscope.json"), "--", *cmd]
     proc = start(cmd, url)
     if workers != 1:  # /health answered by one worker: wait until fresh connections find every one ready
         ready = 0
@@ -308,7 +320,25 @@ def get_json(url: str) -> dict:
         return json.load(resp)
 
 
-def stop(proc: subprocess.Popen) -> None:
+def descendants(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True).stdout
+    children = [int(x) for x in out.split()]
+    return children + [d for c in children for d in descendants(c)]
+
+
+def stop(proc: subprocess.Popen, profile: str | None = None) -> None:
+    if profile:  # py-spy writes its profile on SIGINT, then the proxy it ran is stopped
+        tree = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        shutil.copy(proc.log_path, os.path.join(profile, f"proxy-{proc.pid}.log"))
+        return
     proc.terminate()
     try:
         proc.wait(timeout=30)
@@ -347,6 +377,8 @@ def main() -> None:
     parser.add_argument("--sim-tpot-ms", type=float, default=0.0)
     parser.add_argument("--sim-ttft-ms", type=float, default=0.0)
     parser.add_argument("--json-out", help="also write the rows here")
+    parser.add_argument("--profile", metavar="DIR", help="py-spy the proxy (speedscope files) and keep its access "
+                        "lines (per-stage times) in DIR; its CPU column then includes py-spy's")
     args = parser.parse_args()
 
     procs = []
@@ -374,7 +406,7 @@ def main() -> None:
 def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
     rows = []
     flush = backend + "/flush_cache"
-    proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1, args.proxy_arg)
+    proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1, args.proxy_arg, args.profile)
     try:
         model = get_json(proxy_url + "/v1/models")["data"][0]["id"]
         warm = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
@@ -403,8 +435,8 @@ def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
         if "proxy" in args.targets:
             for i, workers in enumerate(worker_counts):
                 if i:
-                    stop(proxy)
-                    proxy, proxy_url = start_proxy(backend, workers, args.proxy_arg)
+                    stop(proxy, args.profile)
+                    proxy, proxy_url = start_proxy(backend, workers, args.proxy_arg, args.profile)
                 for stream, repeats, conc, n in points(args):
                     plan = prompt_plan(n, repeats, args.facts)
                     bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
@@ -415,7 +447,7 @@ def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
                                           proxy.pid, args.max_tokens))
                     saved(args, rows)
     finally:
-        stop(proxy)
+        stop(proxy, args.profile)
     return rows
 
 

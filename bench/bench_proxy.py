@@ -62,6 +62,7 @@ def start(cmd: list[str], url: str) -> subprocess.Popen:
     would fill up and stall the server."""
     log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)  # noqa: SIM115 (the child writes it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log.name  # what the server printed (access lines too, at --log-level info)
     end = time.monotonic() + 180
     while time.monotonic() < end:
         if proc.poll() is not None:

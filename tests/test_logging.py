@@ -15,7 +15,7 @@ from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"
 FIELDS = {"ts", "request_id", "method", "endpoint", "path", "status", "stream", "prompt_tokens",
-          "completion_tokens", "cached_tokens", "latency_s", "ttft_s", "backend_rid", "weight_version",
+          "completion_tokens", "cached_tokens", "latency_s", "ttft_s", "sent_s", "render_s", "backend_rid", "weight_version",
           "adapter", "prompt_cache_hit", "client_disconnected"}
 
 
@@ -48,7 +48,8 @@ async def test_chat_line_has_every_field_and_the_id_is_the_sglang_rid(make_sim, 
     assert line["completion_tokens"] == reply["usage"]["completion_tokens"] == 3
     assert line["weight_version"] == "step-3"
     assert line["prompt_cache_hit"] is False and line["client_disconnected"] is False
-    assert 0 < line["ttft_s"] <= line["latency_s"] < 10
+    assert 0 < line["sent_s"] < line["ttft_s"] <= line["latency_s"] < 10
+    assert 0 < line["render_s"] < line["sent_s"]  # a first render: a cache miss
 
 
 async def test_streams_carry_the_header_too(proxy, access):
@@ -72,7 +73,7 @@ async def test_requests_without_a_backend_rid_get_the_clients_id_or_a_fresh_one(
     assert [(line["request_id"], line["status"]) for line in lines] == [
         ("mine-7", 200), (fresh.headers["X-Request-Id"], 200), (bad.headers["X-Request-Id"], 400)]
     assert lines[0]["prompt_tokens"] == lines[0]["completion_tokens"] == 0
-    assert lines[0]["backend_rid"] is None and lines[0]["ttft_s"] is None
+    assert lines[0]["backend_rid"] is None and lines[0]["ttft_s"] is None and lines[0]["sent_s"] is None
 
 
 async def test_probes_log_at_debug_only(proxy, access):

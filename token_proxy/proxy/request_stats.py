@@ -21,11 +21,16 @@ class RequestStats:
     prompt_cache_hit: bool | None = None  # None: no chat rendering in this request
     render_s: float = 0.0  # rendering + tokenizing, when it ran (cache misses)
     started_at: float = field(default_factory=time.perf_counter)
+    sent_at: float | None = None  # perf_counter() when the /generate call to SGLang was sent
     first_token_at: float | None = None  # perf_counter() when the first output reached the client
     finished_at: float | None = None
     client_disconnected: bool = False
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
+
+    def mark_sent(self) -> None:
+        if self.sent_at is None:
+            self.sent_at = time.perf_counter()
 
     def mark_first_token(self) -> None:
         if self.first_token_at is None:

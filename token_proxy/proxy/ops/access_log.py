@@ -66,7 +66,11 @@ def log_request(request: web.Request, endpoint: str, status: int, stats: Request
         "completion_tokens": stats.completion_tokens,
         "cached_tokens": stats.cached_tokens,
         "latency_s": round(latency_s, 6),
-        "ttft_s": _ttft(stats),
+        "ttft_s": _since_start(stats, stats.first_token_at),
+        # Where a late first token went: parse + render + admission before SGLang was called (sent_s),
+        # the render itself (render_s, cache misses), and SGLang's part (ttft_s - sent_s).
+        "sent_s": _since_start(stats, stats.sent_at),
+        "render_s": round(stats.render_s, 6),
         "backend_rid": stats.backend_rid,
         "weight_version": stats.weight_version,
         "adapter": stats.adapter,
@@ -92,10 +96,8 @@ def sole_writer() -> LogWriter | None:
     return handlers[0] if len(handlers) == 1 and type(handlers[0]) is LogWriter else None
 
 
-def _ttft(stats: RequestStats) -> float | None:
-    if stats.first_token_at is None:
-        return None
-    return round(stats.first_token_at - stats.started_at, 6)
+def _since_start(stats: RequestStats, at: float | None) -> float | None:
+    return None if at is None else round(at - stats.started_at, 6)
 
 
 class JsonFormatter(logging.Formatter):

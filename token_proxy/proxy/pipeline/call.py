@@ -26,6 +26,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
     request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
     async with aborting_on_exit(ctx, call.rids, stats):
         send = lambda: ctx.client.generate(call.body)
+        stats.mark_sent()
         items = await (send() if lora is None else retry_if_lost(lora, send))
     stats.mark_first_token()
     outputs = rules.whole(items)
@@ -38,6 +39,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
     async with aborting_on_exit(ctx, call.rids, stats), contextlib.AsyncExitStack() as stack:
         opened = lambda: _open_stream(ctx, call.body, stack)
+        stats.mark_sent()
         stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
