@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest
-from token_proxy.schemas.fields import INT64_MAX, INT64_MIN, type_name, token_id_list
+from token_proxy.schemas.fields import INT64_MAX, INT64_MIN, token_id_list, type_name
 from token_proxy.schemas.sampling import MAX_N
 from token_proxy.schemas.sglang_sampling import FLOAT, FLOAT_MAP, INT, INT_LIST, KIND_OF, has_kind
 
