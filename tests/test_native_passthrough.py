@@ -131,6 +131,12 @@ async def test_bodies_only_sglangs_parser_reads_are_checked_too(proxy, sim, raw,
      "instances[0].input_ids: item 0 (999999999) is out of range"),
     ("/vertex_generate", {"instances": [{"text": "hi"}], "parameters": {"temperature": "hot"}},
      "parameters.temperature: must be a number, got string"),
+    ("/init_weights_send_group_for_remote_instance",
+     {"master_address": "10.0.0.1", "ports": "29500,0", "group_rank": 1, "world_size": 2},
+     "ports must be an integer port in 1..65535, got 0"),
+    ("/init_weights_send_group_for_remote_instance",
+     {"master_address": "10.0.0.1", "ports": "29500", "group_rank": 2, "world_size": 2},
+     "group_rank 2 must be < world_size 2"),
 ])
 async def test_other_native_routes_that_carry_ids_are_checked(proxy, sim, path, body, message):
     assert (await refused(proxy, body, path=path)).startswith(message)

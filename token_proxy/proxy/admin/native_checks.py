@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest
+from token_proxy.proxy.admin import checks as check
 from token_proxy.schemas.fields import INT64_MAX, INT64_MIN, token_id_list, type_name
 from token_proxy.schemas.sampling import MAX_N
 from token_proxy.schemas.sglang_sampling import FLOAT, FLOAT_MAP, INT, INT_LIST, KIND_OF, has_kind
@@ -112,6 +113,22 @@ def check_vertex(body: dict, limits: Limits) -> None:
     sampling_params(body.get("parameters"), "parameters", limits.sampling_keys)
 
 
+def check_send_group(body: dict, limits: Limits) -> None:
+    """/init_weights_send_group_for_remote_instance: the same rendezvous as /init_weights_update_group
+    (a port or rank no peer will meet blocks the scheduler); `ports` is a comma-separated string."""
+    check.host(body.get("master_address"), "master_address")
+    ports = body.get("ports")
+    if not isinstance(ports, str) or not ports.strip():
+        raise InvalidRequest(f"ports: must be comma-separated ports, got {ports!r}", param="ports")
+    for port in ports.split(","):
+        check.port(int(port) if port.strip().isdigit() else port, "ports")
+    world_size = check.integer(body.get("world_size"), "world_size", 2)
+    rank = check.integer(body.get("group_rank"), "group_rank", 0)
+    if rank >= world_size:
+        raise InvalidRequest(f"group_rank {rank} must be < world_size {world_size}", param="group_rank")
+    check.backend(body.get("backend", "nccl"))
+
+
 CHECKS: dict[str, Callable[[dict, Limits], None]] = {
     "/generate": check_generate,
     "/encode": check_input_ids,
@@ -119,6 +136,7 @@ CHECKS: dict[str, Callable[[dict, Limits], None]] = {
     "/v1/embeddings": check_embeddings,
     "/v1/score": check_score,
     "/vertex_generate": check_vertex,
+    "/init_weights_send_group_for_remote_instance": check_send_group,
 }
 
 
