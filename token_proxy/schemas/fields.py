@@ -36,7 +36,7 @@ def opt_bool(body: dict, key: str, default: bool | None = None) -> bool | None:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise bad(key, f"must be a boolean, got {_type_name(value)}")
+        raise bad(key, f"must be a boolean, got {type_name(value)}")
     return value
 
 
@@ -48,7 +48,7 @@ def opt_int(body: dict, key: str, default: int | None = None, *, lo: int | None 
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(key, f"must be an integer, got {_type_name(value)}")
+        raise bad(key, f"must be an integer, got {type_name(value)}")
     _check_range(key, value, INT64_MIN if lo is None else lo, INT64_MAX if hi is None else hi)
     return value
 
@@ -59,7 +59,7 @@ def opt_float(body: dict, key: str, default: float | None = None, *, lo: float |
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad(key, f"must be a number, got {_type_name(value)}")
+        raise bad(key, f"must be a number, got {type_name(value)}")
     value = float(value)
     if not math.isfinite(value):
         raise bad(key, "must be a finite number")
@@ -72,7 +72,7 @@ def opt_str(body: dict, key: str, default: str | None = None) -> str | None:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise bad(key, f"must be a string, got {_type_name(value)}")
+        raise bad(key, f"must be a string, got {type_name(value)}")
     return value
 
 
@@ -89,7 +89,7 @@ def opt_dict(body: dict, key: str) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise bad(key, f"must be an object, got {_type_name(value)}")
+        raise bad(key, f"must be an object, got {type_name(value)}")
     return value
 
 
@@ -98,21 +98,21 @@ def opt_list(body: dict, key: str) -> list | None:
     if value is None:
         return None
     if not isinstance(value, list):
-        raise bad(key, f"must be an array, got {_type_name(value)}")
+        raise bad(key, f"must be an array, got {type_name(value)}")
     return value
 
 
 def token_id_list(value: Any, param: str, vocab_size: int, *, allow_empty: bool = False) -> list[int]:
     """A list of token ids, each in 0..vocab_size-1 (an id past the vocabulary crashes SGLang)."""
     if not isinstance(value, list):
-        raise bad(param, f"must be an array of token ids, got {_type_name(value)}")
+        raise bad(param, f"must be an array of token ids, got {type_name(value)}")
     if not value and not allow_empty:
         raise bad(param, "must not be empty")
     for i, token in enumerate(value):
         if isinstance(token, float) and token.is_integer():  # 7.0: an integer in JSON, as for opt_int
             value[i] = token = int(token)
         if isinstance(token, bool) or not isinstance(token, int):
-            raise bad(param, f"item {i} must be an integer token id, got {_type_name(token)}")
+            raise bad(param, f"item {i} must be an integer token id, got {type_name(token)}")
         if not 0 <= token < vocab_size:
             raise bad(param, f"item {i} ({token}) is out of range: token ids must be in [0, {vocab_size})")
     return value
@@ -125,6 +125,6 @@ def _check_range(key: str, value, lo, hi) -> None:
         raise bad(key, f"must be <= {hi}, got {value}")
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
             float: "number", type(None): "null"}.get(type(value), type(value).__name__)

@@ -18,6 +18,7 @@ from token_proxy.schemas.fields import (
 
 MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_STOP_STRINGS = 32  # SGLang's limit
+MAX_N = 1024  # samples per request (the native pass-through keeps to it too: proxy/admin/native_checks.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,7 @@ def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False)
     logprobs, top_logprobs = _parse_logprob_count(body) if logprobs_count else _parse_chat_logprobs(body)
     max_tokens = opt_int(body, _max_tokens_key(body), lo=1)
     return SamplingRequest(
-        n=opt_int(body, "n", 1, lo=1, hi=1024),
+        n=opt_int(body, "n", 1, lo=1, hi=MAX_N),
         max_tokens=max_tokens,
         max_tokens_param=_max_tokens_key(body),
         min_tokens=opt_int(body, "min_tokens", 0, lo=0, hi=max_tokens),

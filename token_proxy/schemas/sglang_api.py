@@ -13,19 +13,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from token_proxy.schemas.sglang_sampling import added_keys, keys_since
+
 OLDEST_KNOWN = (0, 5, 17)
 NEWEST_KNOWN = (0, 5, 23)
 VERIFIED = (0, 5, 17)  # run against a real server; everything newer is read from source
 KNOWN_RANGE = ("0.5.17", "0.5.23")
 
 # sampling_params keys SGLang accepts (0.5.17: SamplingParams' API fields; 0.5.22+: the wire
-# contract api/v1/api_types.py, which answers any other key with a 400).
-SAMPLING_KEYS_0517 = frozenset((
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed", "custom_params"))
-_ADDED_SAMPLING_KEYS = (((0, 5, 19), "beam_width"), ((0, 5, 22), "watermark"), ((0, 5, 23), "choice"))
+# contract api/v1/api_types.py, which answers any other key with a 400): schemas/sglang_sampling.py.
+SAMPLING_KEYS_0517 = frozenset(keys_since(OLDEST_KNOWN))
+_ADDED_SAMPLING_KEYS = added_keys()
 
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)")
 

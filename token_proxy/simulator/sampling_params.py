@@ -5,38 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from token_proxy.schemas.sglang_sampling import FIRST, added_keys, keys_since
 from token_proxy.simulator.errors import BadRequest, ContractError, InternalServerError
 
 SAMPLING_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 DEFAULT_MAX_NEW_TOKENS = 128
-KNOWN_KEYS = (
-    "max_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "stop_regex",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "min_new_tokens",
-    "n",
-    "json_schema",
-    "regex",
-    "ebnf",
-    "structural_tag",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "stream_interval",
-    "logit_bias",
-    "sampling_seed",
-    "custom_params",
-)
+KNOWN_KEYS = keys_since(FIRST)  # 0.5.17's; the one table is schemas/sglang_sampling.py
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 _INT_KEYS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "stream_interval", "sampling_seed")
 
@@ -74,7 +49,7 @@ class SamplingParams:
 
 
 # Keys later releases added to the wire contract (api/v1/api_types.py _FIELDS_SamplingParams order).
-ADDED_KEYS = (("0.5.19", "beam_width"), ("0.5.22", "watermark"), ("0.5.23", "choice"))
+ADDED_KEYS = tuple((".".join(map(str, release)), key) for release, key in added_keys())
 
 
 def check_known_keys(raw: dict, config) -> None:

@@ -12,6 +12,7 @@ from multidict import CIMultiDict
 
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.proxy.admin import checks as check
+from token_proxy.proxy.admin import native_checks as native
 from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.proxy.admin.workers import (
     ADMIN,
@@ -206,9 +207,14 @@ _DROP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "pr
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     """Method, headers, body and a streamed reply, unchanged, to the backend (server or router).
-    A route SGLang does not know either is the proxy's own OpenAI-shaped 404."""
-    client = request.app[CONTEXT].client
+    A route SGLang does not know either is the proxy's own OpenAI-shaped 404. A native route's body
+    that would crash SGLang is refused first, in SGLang's own error shape (native_checks.py)."""
+    ctx = request.app[CONTEXT]
+    client = ctx.client
     body = await request.read() if request.can_read_body else None
+    if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
+        native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
+                                                              ctx.backend.api.sampling_keys))
     async with client.open(request.method, request.path_qs, body or None, _kept(request.headers)) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()
