@@ -247,9 +247,13 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
                 urllib.request.Request(flush_url, data=b"{}", method="POST"), timeout=60):
             pass
     cpu0 = tree_cpu_s(proxy_pid) if proxy_pid else None
+    seen0 = sglang_ttft(flush_url)
     go.wait()
     parts = [out.get() for _ in procs]
     cpu1 = tree_cpu_s(proxy_pid) if proxy_pid else None
+    seen1 = sglang_ttft(flush_url)
+    if seen0 and seen1 and seen1[1] > seen0[1]:  # SGLang's own TTFT (receipt to first token), this point's mean
+        row.extra["sglang_ttft_ms"] = (seen1[0] - seen0[0]) * 1000 / (seen1[1] - seen0[1])
     for proc in procs:
         proc.join()
     lat = [x for p in parts for x in p["lat"]]
@@ -265,6 +269,25 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
         row.cores = (cpu1 - cpu0) / wall if wall > 0 else None
         row.cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(lat))
     return row
+
+
+def sglang_ttft(flush_url: str | None) -> tuple[float, float] | None:
+    """SGLang's time_to_first_token_seconds (sum, count) from its /metrics (--enable-metrics), which
+    tells SGLang's share of a late first token from the proxy's; None where it has no such metric."""
+    if not flush_url:
+        return None
+    try:
+        with urllib.request.urlopen(flush_url.rsplit("/", 1)[0] + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    total = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        for kind in total:
+            if name.startswith(f"sglang:time_to_first_token_seconds_{kind}"):
+                total[kind] += float(value.split()[0])
+    return (total["sum"], total["count"]) if total["count"] else None
 
 
 # ---------------------------------------------------------------- servers
@@ -472,8 +495,8 @@ def print_table(args, info: dict, rows: list[Row]) -> None:
           f"output tokens (ignore_eos, temperature 1); {args.clients} client processes; "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
     print("| target | stream | prompts | conc | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | p99 ms "
-          "| TTFT p50 ms | proxy cores | proxy CPU ms/req | errors |")
-    print("|" + "---|" * 14)
+          "| TTFT p50 ms | SGLang's TTFT mean ms | proxy cores | proxy CPU ms/req | errors |")
+    print("|" + "---|" * 15)
     names = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
     for r in sorted(rows, key=lambda r: (r.stream, r.repeats, r.concurrency, r.target != "generate",
                                          r.target != "chat", r.workers or 0)):
@@ -484,12 +507,13 @@ def print_table(args, info: dict, rows: list[Row]) -> None:
         vs_chat = f"{r.rps / ref.rps:.2f}" if ref and ref.rps and r.target == "proxy" else "-"
         name = names.get(r.target) or f"proxy, {r.workers} worker{'s' if r.workers != 1 else ''}"
         ttft = f"{r.ttft50:.2f}" if r.stream else "-"
+        seen = f"{r.extra['sglang_ttft_ms']:.1f}" if "sglang_ttft_ms" in r.extra else "-"
         cores = f"{r.cores:.2f}" if r.cores is not None else "-"
         cpu = f"{r.cpu_ms:.2f}" if r.cpu_ms is not None else "-"
         err = f"{r.errors}" + (f" (+{r.short} short)" if r.short else "")
         print(f"| {name} | {'yes' if r.stream else 'no'} | {'GRPO x8' if r.repeats else 'distinct'} "
               f"| {r.concurrency} | {r.n} | {r.rps:.1f} | {ratio} | {vs_chat} | {r.p50:.2f} | {r.p99:.2f} | {ttft} "
-              f"| {cores} | {cpu} | {err} |")
+              f"| {seen} | {cores} | {cpu} | {err} |")
 
 
 if __name__ == "__main__":
