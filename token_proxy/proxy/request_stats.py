@@ -24,6 +24,11 @@ class RequestStats:
     sent_at: float | None = None  # perf_counter() when the /generate call to SGLang was sent
     first_token_at: float | None = None  # perf_counter() when the first output reached the client
     finished_at: float | None = None
+    # A stream's gaps between SGLang's event batches after the first (vllm:inter_token_latency_seconds:
+    # vLLM observes one gap per engine step), and the time of the last batch.
+    event_gaps: list[float] = field(default_factory=list)
+    last_event_at: float | None = None
+    finish_reasons: list[str] = field(default_factory=list)  # vLLM's, one per finished choice
     client_disconnected: bool = False
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
@@ -34,7 +39,14 @@ class RequestStats:
 
     def mark_first_token(self) -> None:
         if self.first_token_at is None:
-            self.first_token_at = time.perf_counter()
+            self.first_token_at = self.last_event_at = time.perf_counter()
+
+    def mark_event(self) -> None:
+        """One batch of stream events arrived: one perf_counter and one append per batch, not per token."""
+        at = time.perf_counter()
+        if self.last_event_at is not None:
+            self.event_gaps.append(at - self.last_event_at)
+        self.last_event_at = at
 
 
 STATS = web.RequestKey("stats", RequestStats)

@@ -17,7 +17,11 @@ from token_proxy.errors import BackendUnavailable, MethodNotAllowed
 from token_proxy.proxy.admin.lora_registry import ADAPTERS
 from token_proxy.proxy.admin.lora_routes import adapter_cards
 from token_proxy.proxy.admin.routes import add_admin_routes
-from token_proxy.proxy.endpoints.chat import chat_completions, chat_completions_tokens
+from token_proxy.proxy.endpoints.chat import (
+    chat_completions,
+    chat_completions_render,
+    chat_completions_tokens,
+)
 from token_proxy.proxy.endpoints.completions import completions
 from token_proxy.proxy.endpoints.generate import generate_tokens
 from token_proxy.proxy.endpoints.tokenize import detokenize, tokenize
@@ -64,6 +68,7 @@ class Route:
 ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", ("POST",), chat_completions, INFERENCE),
     Route("/v1/chat/completions/tokens", ("POST",), chat_completions_tokens, INFERENCE),
+    Route("/v1/chat/completions/render", ("POST",), chat_completions_render, TOKENIZER),  # renders, no SGLang
     Route("/v1/completions", ("POST",), completions, INFERENCE),
     Route("/inference/v1/generate", ("POST",), generate_tokens, INFERENCE),
     *(Route(f"{prefix}/{name}", ("POST",), handler, TOKENIZER)

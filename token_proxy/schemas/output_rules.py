@@ -121,6 +121,7 @@ class OutputRules:
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         self._versions = VersionSpans()  # a choice that spans a weight update reports each version
+        self.finish_reasons: list[str] = []  # vLLM's, one per finished choice (vllm:request_success_total)
 
     @property
     def plain(self) -> bool:
@@ -202,6 +203,7 @@ class OutputRules:
             return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
         state.finished = True
         finish_reason, stop_reason = map_finish(finish, self._eos)
+        self.finish_reasons.append(finish_reason)
         return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
                       self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 

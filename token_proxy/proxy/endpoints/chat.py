@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions and /v1/chat/completions/tokens: the chat adapter of the pipeline."""
+"""POST /v1/chat/completions, /v1/chat/completions/tokens and /v1/chat/completions/render: the chat
+adapter of the pipeline (render runs its parse and prompt-ids steps and stops before SGLang)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from token_proxy.proxy.http_io import read_json
+from token_proxy.errors import InvalidRequest
+from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.pipeline import Job, run_pipeline
-from token_proxy.proxy.request_stats import RequestStats
+from token_proxy.proxy.pipeline.target import resolve_target
+from token_proxy.proxy.request_ids import header_request_id, new_request_id
+from token_proxy.proxy.request_stats import RequestStats, stats_of
 from token_proxy.proxy.sessions import ChatSession
 from token_proxy.proxy.upstream.context import CONTEXT, ProxyContext
 from token_proxy.schemas.chat_format import PLAIN_TEXT, ChatFormatter, ChatOutputParser, ToolsAndReasoning
@@ -17,7 +21,8 @@ from token_proxy.schemas.chat_request import ChatRequest, ToolFlags, parse_chat_
 from token_proxy.schemas.fields import token_id_list
 from token_proxy.schemas.logprobs import TokenNamer
 from token_proxy.schemas.output_rules import ResponseMeta
-from token_proxy.schemas.sglang_payload import with_sampling_overrides
+from token_proxy.schemas.render_format import render_response
+from token_proxy.schemas.sglang_payload import resolve_max_tokens, with_sampling_overrides
 from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sampling_overrides
 
 
@@ -38,6 +43,25 @@ async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
     req = dataclasses.replace(req, prompt_ids=tuple(tokens))
     return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
+
+
+async def chat_completions_render(request: web.Request) -> web.Response:
+    """vLLM's render: the chat request parsed, its model checked and its prompt rendered exactly as
+    /v1/chat/completions would (the same ChatEndpoint steps), answered as vLLM's GenerateRequest
+    (token_ids, sampling_params, ...) without calling SGLang. SkyRL reads `token_ids` and `features`."""
+    ctx = request.app[CONTEXT]
+    body = await read_json(request)
+    if isinstance(body, dict) and body.get("use_beam_search"):
+        raise InvalidRequest("Beam search is not supported by the render endpoint")  # vLLM's words
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    (await resolve_target(request.app, ctx, req.model)).release()  # a known model or adapter (vLLM's 404)
+    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req))
+    (ids,) = await endpoint.prompt_ids(ctx, stats_of(request))
+    sampling = endpoint.job.sampling
+    max_tokens = resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
+    request_id = new_request_id("chatcmpl", req.request_id or header_request_id(request))
+    reasoning_kwargs = dict(req.prompt.chat_template_kwargs or {}) if ctx.settings.reasoning_parser else None
+    return json_response(render_response(req, sampling, ids, max_tokens, request_id, body, reasoning_kwargs))
 
 
 def tool_flags(ctx: ProxyContext) -> ToolFlags:

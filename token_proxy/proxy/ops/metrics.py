@@ -65,6 +65,21 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
                 0.5, 1, 2.5, 5)
 RENDER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+# vLLM 0.33's request-level series (vllm/v1/metrics/loggers.py, buckets.py), same names, buckets and
+# labels (model_name, engine), for the Grafana boards and prime-rl monitors written for vLLM. vLLM 0.33
+# has no vllm:time_per_output_token_seconds any more: its per-request mean is
+# vllm:request_time_per_output_token_seconds (on the inter-token buckets).
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0)
+VLLM_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                        240.0, 480.0, 960.0, 1920.0, 7680.0)
+VLLM_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM's FinishReason, all at 0
+VLLM_ENGINE = "0"  # one SGLang behind the proxy: vLLM's engine index 0
+# Statuses an inference route answers besides 200, created at 0 (a 503 series born at its first 503
+# hides that first refusal from rate()/increase()).
+INFERENCE_STATUSES = ("200", "400", "404", "413", "499", "500", "502", "503", "504")
 # prime-rl allows 720 s for /update_weights.
 WEIGHT_UPDATE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 720, 1800)
 
@@ -173,6 +188,20 @@ class ProxyMetrics:
                                         "last successful weight update", multiprocess_mode="max")
         self.unhonoured_seeds = counter(PREFIX + "unhonoured_seed_requests_total", "Requests whose `seed` "
                                         "SGLang ignores (started without --enable-deterministic-inference)", route)
+        vllm = ["model_name", "engine"]
+        self.vllm_ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+                                   "seconds (streams: until the first chunk went out).", vllm,
+                                   buckets=VLLM_TTFT_BUCKETS)
+        self.vllm_itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
+                                  "seconds (streams: the gaps between SGLang's event batches).", vllm,
+                                  buckets=VLLM_ITL_BUCKETS)
+        self.vllm_tpot = histogram("vllm:request_time_per_output_token_seconds", "Histogram of "
+                                   "time_per_output_token_seconds per request.", vllm, buckets=VLLM_ITL_BUCKETS)
+        self.vllm_e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+                                  "seconds.", vllm, buckets=VLLM_LATENCY_BUCKETS)
+        self.vllm_success = counter("vllm:request_success", "Count of successfully processed requests.",
+                                    [*vllm, "finished_reason"])
+        self.model_name = ""  # the served model, once SGLang is known (start_vllm_series)
         self._seed_warned_at: float | None = None
         self._seeds_unwarned = 0
         self.current_weight_version: str | None = None
@@ -196,9 +225,10 @@ class ProxyMetrics:
         increase from 0 (a series born at 1 hides it from rate() and increase())."""
         for endpoint in endpoints:
             for stream in ("false", "true"):
-                self.requests.labels(endpoint, "200", stream)
+                for status in INFERENCE_STATUSES:
+                    self.requests.labels(endpoint, status, stream)
             for counter in (self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.overloaded,
-                            self.disconnects):
+                            self.disconnects, self.unhonoured_seeds):
                 counter.labels(endpoint)
             for kind in _BACKEND_ERROR_KINDS.values():
                 self.backend_errors.labels(endpoint, kind)
@@ -207,6 +237,41 @@ class ProxyMetrics:
         for endpoint in weight_routes:
             for result in ("success", "failure"):
                 self.weight_updates.labels(endpoint, result)
+
+    def start_routes_at_zero(self, endpoints) -> None:
+        """Every other served route (admin, tokenizer, ops) answered 200 once, at 0."""
+        for endpoint in endpoints:
+            self.requests.labels(endpoint, "200", "false")
+
+    def start_vllm_series(self, model_name: str) -> None:
+        """vLLM creates request_success for every finish reason at start-up; so does the proxy, once the
+        served model's name is known."""
+        self.model_name = model_name
+        for reason in VLLM_FINISH_REASONS:
+            self.vllm_success.labels(model_name, VLLM_ENGINE, reason)
+
+    def _observe_vllm(self, status: int, stats: RequestStats) -> None:
+        """vLLM's request-level series, from timings the pipeline already took: one observation per
+        finished request, plus one per stream event batch for the inter-token latency."""
+        model, engine = self.model_name, VLLM_ENGINE
+        for reason in stats.finish_reasons:
+            self.child(self.vllm_success, model, engine, reason).inc()
+        if stats.client_disconnected or status == CLIENT_CLOSED:
+            if not stats.finish_reasons:
+                self.child(self.vllm_success, model, engine, "abort").inc()
+            return
+        if status != 200 or not stats.finish_reasons or stats.finished_at is None:
+            return
+        self.child(self.vllm_e2e, model, engine).observe(stats.finished_at - stats.started_at)
+        if not stats.stream or stats.first_token_at is None:  # a whole reply has no first-token time
+            return
+        self.child(self.vllm_ttft, model, engine).observe(stats.first_token_at - stats.started_at)
+        itl = self.child(self.vllm_itl, model, engine)
+        for gap in stats.event_gaps:
+            itl.observe(gap)
+        decode_tokens = stats.completion_tokens - 1
+        per_token = (stats.last_event_at - stats.first_token_at) / decode_tokens if decode_tokens > 0 else 0.0
+        self.child(self.vllm_tpot, model, engine).observe(per_token)
 
     def unhonoured_seed(self, endpoint: str, now: float | None = None) -> None:
         """Count a request whose seed SGLang ignores; warn at most once a minute."""
@@ -236,6 +301,8 @@ class ProxyMetrics:
             if stats.stream and stats.completion_tokens > 1 and stats.finished_at is not None:
                 per_token = (stats.finished_at - stats.first_token_at) / (stats.completion_tokens - 1)
                 self.child(self.tpot, endpoint, stream).observe(per_token)
+        if stats.finish_reasons or stats.first_token_at is not None:  # an inference request
+            self._observe_vllm(status, stats)
         if stats.prompt_tokens:
             self.child(self.prompt_tokens, endpoint).inc(stats.prompt_tokens)
         if stats.completion_tokens:
@@ -382,6 +449,7 @@ async def backend_metrics(app: web.Application):
     def seed(engine) -> None:  # once SGLang is known (start-up may come before it)
         backend = engine.backend
         metrics.backend.model_name = backend.served_model_name
+        metrics.start_vllm_series(backend.served_model_name)
         if backend.max_total_num_tokens:
             metrics.backend.set_cache_config(backend.max_total_num_tokens, backend.page_size)
         if backend.weight_version:
@@ -428,15 +496,27 @@ def add_observability(app: web.Application) -> None:
     multiproc = app[ROLE].multiprocess if ROLE in app else False
     app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s, multiprocess=multiproc)
     app.on_response_prepare.append(add_request_id_header)
+    app.on_startup.append(_start_routes_at_zero)
     if not multiproc:  # with --workers, the owner alone reads SGLang's /metrics
         app.cleanup_ctx.append(backend_metrics)
     else:
         app.cleanup_ctx.append(_mirror_collectors)
 
 
+async def _start_routes_at_zero(app: web.Application) -> None:
+    """Every fixed route of the finished router (admin routes included), at 0 before its first answer."""
+    paths = {resource.canonical for resource in app.router.resources()
+             if isinstance(resource, web.PlainResource)}
+    app[METRICS].start_routes_at_zero(sorted(paths))
+
+
 async def _mirror_collectors(app: web.Application):
     """--workers: keep this worker's custom collectors' values in the multiprocess files (CollectorMirror)."""
-    mirror = app[METRICS].mirror
+    metrics = app[METRICS]
+    mirror = metrics.mirror
+    ctx = app.get(CONTEXT)
+    if ctx is not None:
+        ctx.when_ready(lambda engine: metrics.start_vllm_series(engine.backend.served_model_name))
 
     async def forever() -> None:
         while True:

@@ -58,6 +58,7 @@ def openapi_spec(limits: Limits | None = None) -> dict:
         "paths": {
             "/v1/chat/completions": _post(s.chat(), _json_or_sse(s.chat_completion())),
             "/v1/chat/completions/tokens": _post(s.chat(tokens=True), _json_or_sse(s.chat_completion())),
+            "/v1/chat/completions/render": _post(s.chat(), _json(s.rendered())),
             "/v1/completions": _post(s.completion(), _json_or_sse(s.text_completion())),
             "/inference/v1/generate": _post(s.generate(), _json_or_sse(s.generate_tokens())),
             **{f"{prefix}/tokenize": _post(s.tokenize(), _json(s.tokenized())) for prefix in ("", "/v1")},
@@ -306,6 +307,17 @@ class _Schemas:
             "count": {"type": "integer", "minimum": 0}, "max_model_len": {"type": "integer"},
             "tokens": {"type": "array", "items": self.token_id},
             "token_strs": {"anyOf": [{"type": "array", "items": STR}, {"type": "null"}]}}}
+
+    def rendered(self) -> dict:
+        """vLLM's GenerateRequest (schemas/render_format.py): every key present, None where unset."""
+        keys = ["request_id", "token_ids", "token_offsets", "features", "content_parts", "sampling_params",
+                "model", "reasoning_ended", "reasoning_parser_kwargs", "return_token_ids", "output_mode",
+                "parse_context", "stream", "stream_options", "cache_salt", "priority", "kv_transfer_params",
+                "ec_transfer_params"]
+        return {"type": "object", "required": keys, "properties": {
+            "request_id": STR, "token_ids": {"type": "array", "minItems": 1, "items": self.token_id},
+            "sampling_params": {"type": "object"},
+            "output_mode": {"const": "tokens"}, "parse_context": {"type": "object"}}}
 
     @staticmethod
     def detokenized() -> dict:

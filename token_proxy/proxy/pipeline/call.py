@@ -48,7 +48,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         await response.write(frames.start(first))
         stats.mark_first_token()
         try:
-            await _relay(request, response, ctx, stream, call.rids, rules, frames)
+            await _relay(request, response, ctx, stream, call.rids, rules, frames, stats)
         except ProxyError as exc:
             if isinstance(exc, BackendTimeout):
                 abort_all_of(ctx, call.rids)
@@ -67,11 +67,12 @@ async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExi
 
 
 async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],
-                 rules: OutputRules, frames: StreamFrames) -> None:
+                 rules: OutputRules, frames: StreamFrames, stats: RequestStats) -> None:
     """Every further event, translated and written as it arrives (from the stream's read callback)."""
     out = SSEWriter(request, response)
 
     def sink(events: list[dict]) -> bool:
+        stats.mark_event()
         data = frames.frames(events)
         if data:
             out.write(data)
@@ -89,3 +90,4 @@ def record(stats: RequestStats, rules: OutputRules) -> None:
     stats.completion_tokens = rules.completion_tokens
     stats.cached_tokens = rules.cached_tokens
     stats.weight_version = rules.weight_version
+    stats.finish_reasons = rules.finish_reasons
