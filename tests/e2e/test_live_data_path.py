@@ -174,3 +174,21 @@ async def test_bad_input_is_stopped_at_the_proxy_and_sglang_stays_healthy(proxy,
 async def _model(proxy) -> str:
     resp = await proxy.get("/v1/models")
     return (await resp.json())["data"][0]["id"]
+
+
+@pytest.mark.parametrize("body,message", [
+    # On SGLang 0.5.17 an id >= the vocabulary is a device-side assert that ends the server (shared/golden).
+    ({"input_ids": [999999999], "sampling_params": {"max_new_tokens": 2}},
+     "input_ids: item 0 (999999999) is out of range"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2, "temperature": "hot"}}, "sampling_params"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2, "bogus": 1}}, "sampling_params"),
+])
+async def test_native_generate_through_the_pass_through_cannot_kill_sglang(proxy, sglang, body, message):
+    resp = await proxy.post("/generate", json=body)
+    reply = await resp.json()
+    assert resp.status == 400 and list(reply) == ["error"] and message in reply["error"]["message"]
+    status, _ = await sglang.get("/health_generate")
+    assert status == 200
+    resp = await proxy.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3,
+                                                                                        "temperature": 0}})
+    assert resp.status == 200 and len((await resp.json())["output_ids"]) == 3
