@@ -40,7 +40,7 @@ def get_load_items(loads: dict, ts_tic: float) -> list[dict]:
     """SGLang 0.5.17's /get_load: its shim projected each /v1/loads core entry thus."""
     items = loads.get("loads") if isinstance(loads, dict) else None
     if not isinstance(items, list):
-        raise ValueError(f"/v1/loads answered no `loads` list: {str(loads)[:200]}")
+        raise TypeError(f"/v1/loads answered no `loads` list: {str(loads)[:200]}")
     return [{"dp_rank": core["dp_rank"],
              "num_reqs": core["num_running_reqs"] + core["num_waiting_reqs"],
              "num_waiting_reqs": core["num_waiting_reqs"],
