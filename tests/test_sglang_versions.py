@@ -51,15 +51,18 @@ def test_each_change_switches_at_the_release_that_made_it():
         f = features_for(version)
         return (f.abort_reaches_n_samples, f.native_cache_salt, f.weight_version_spans, f.has_ready,
                 f.has_get_load, f.update_selector, f.seed_range_checked, f.strict_sampling_keys,
-                f.flush_refusal_is_reply)
+                f.flush_refusal_is_reply, f.weight_update_session)
 
-    assert flags("0.5.17") == (True, False, False, False, True, False, False, False, False)
-    assert flags("0.5.18") == (False, True, False, False, True, False, False, False, False)
-    assert flags("0.5.19") == (False, True, True, False, True, False, False, False, False)
-    assert flags("0.5.20") == (False, True, True, True, True, False, False, False, False)
-    assert flags("0.5.21") == (False, True, True, True, False, True, True, False, False)
-    assert flags("0.5.22") == (False, True, True, True, False, True, True, True, True)
+    assert flags("0.5.17") == (True, False, False, False, True, False, False, False, False, False)
+    assert flags("0.5.18") == (False, True, False, False, True, False, False, False, False, False)
+    assert flags("0.5.19") == (False, True, True, False, True, False, False, False, False, False)
+    assert flags("0.5.20") == (False, True, True, True, True, False, False, False, False, False)
+    assert flags("0.5.21") == (False, True, True, True, False, True, True, False, False, True)
+    assert flags("0.5.22") == (False, True, True, True, False, True, True, True, True, True)
     assert flags("0.5.23") == flags("0.5.22")
+    assert features_for("0.5.20").removed_routes == frozenset()
+    assert features_for("0.5.21").removed_routes == {
+        "/get_load", "/get_weight_version", "/weight_version", "/clear_hicache_storage_backend"}
     assert features_for("0.5.23").sampling_keys - SAMPLING_KEYS_0517 == {"beam_width", "watermark", "choice"}
 
 

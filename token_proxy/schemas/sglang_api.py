@@ -25,6 +25,11 @@ KNOWN_RANGE = ("0.5.17", "0.5.23")
 SAMPLING_KEYS_0517 = frozenset(keys_since(OLDEST_KNOWN))
 _ADDED_SAMPLING_KEYS = added_keys()
 
+# Routes a release deleted that clients still call (bench/SGLANG_VERSIONS.md, from the wheels): the proxy
+# answers them itself, in 0.5.17's shape, from what the running release offers (proxy/admin/removed_routes.py).
+_REMOVED_ROUTES = (((0, 5, 21), ("/get_load", "/get_weight_version", "/weight_version",
+                                 "/clear_hicache_storage_backend")),)
+
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)\.(\d+)")
 
 
@@ -42,10 +47,14 @@ class SGLangFeatures:
     has_ready: bool  # GET /ready (0.5.20)
     has_get_load: bool  # GET /get_load (gone in 0.5.21; /v1/loads serves every version)
     update_selector: bool  # update_weights_* take `selector`, not `disable_draft_model` (0.5.21)
+    # /update_weights_from_distributed and _from_tensor answer success false unless a session is open:
+    # POST /begin_weight_update ... POST /end_weight_update (0.5.21, PR #28001; _from_disk is not gated).
+    weight_update_session: bool
     seed_range_checked: bool  # sampling_seed outside int64 is a 400 (0.5.21)
     strict_sampling_keys: bool  # an unknown sampling key is a 400, not a bare 500 (0.5.22)
     flush_refusal_is_reply: bool  # update + flush with requests pending: success false, no crash (0.5.22)
     sampling_keys: frozenset[str] = SAMPLING_KEYS_0517
+    removed_routes: frozenset[str] = frozenset()  # deleted since 0.5.17 (the proxy answers them)
 
     @property
     def verified(self) -> bool:
@@ -95,10 +104,12 @@ def features_for(version) -> SGLangFeatures:
         has_ready=since((0, 5, 20)),
         has_get_load=not since((0, 5, 21)),
         update_selector=since((0, 5, 21)),
+        weight_update_session=since((0, 5, 21)),
         seed_range_checked=since((0, 5, 21)),
         strict_sampling_keys=since((0, 5, 22)),
         flush_refusal_is_reply=since((0, 5, 22)),
         sampling_keys=SAMPLING_KEYS_0517 | {key for release, key in _ADDED_SAMPLING_KEYS if since(release)},
+        removed_routes=frozenset(path for release, paths in _REMOVED_ROUTES if since(release) for path in paths),
     )
 
 

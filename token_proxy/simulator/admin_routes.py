@@ -52,8 +52,6 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def get_load(request: web.Request) -> web.Response:
-    if request.app[SIM_STATE].config.since("0.5.21"):  # the deprecated shim is gone
-        raise web.HTTPNotFound()
     return json_response(info.load(request.app[SIM_STATE]))
 
 
@@ -268,6 +266,14 @@ ROUTES = (
 )
 
 
+# Deprecated routes a release deleted (http_server.py of each wheel; bench/SGLANG_VERSIONS.md lists them): from
+# that release on the simulator does not serve them either, and FastAPI's 404 {"detail": "Not Found"} answers.
+REMOVED_IN = {"/get_load": "0.5.21", "/get_weight_version": "0.5.21", "/weight_version": "0.5.21"}
+
+
 def add_admin_routes(app: web.Application) -> None:
+    config = app[SIM_STATE].config
     for method, path, handler in ROUTES:
+        if path in REMOVED_IN and config.since(REMOVED_IN[path]):
+            continue
         app.router.add_route(method, path, handler)

@@ -93,12 +93,15 @@ def models_list(sim: SimState) -> dict:
 
 
 def loads(sim: SimState) -> dict:
-    """/v1/loads?include=core (every version; /get_load was its shim until 0.5.21)."""
-    waiting = sum(1 for s in sim.running.values() if not s.started)
-    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values())
-    core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(sim.running) - waiting,
-            "num_waiting_reqs": waiting, "num_waiting_uncached_tokens": 0, "num_used_tokens": used,
-            "num_total_tokens": MAX_TOTAL_NUM_TOKENS, "num_active_tokens": MAX_TOTAL_NUM_TOKENS,
+    """/v1/loads?include=core (every version; /get_load was its shim until 0.5.21). As the scheduler's
+    load_inquirer: num_used_tokens are the running requests' tokens in the KV cache, num_total_tokens add
+    the waiting requests' prompts."""
+    waiting = [s for s in sim.running.values() if not s.started]
+    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values() if s.started)
+    total = used + sum(len(s.spec.prompt) for s in waiting)
+    core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(sim.running) - len(waiting),
+            "num_waiting_reqs": len(waiting), "num_waiting_uncached_tokens": 0, "num_used_tokens": used,
+            "num_total_tokens": total, "num_active_tokens": total,
             "num_prealloc_ready_tokens": 0, "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,
             "max_running_requests": sim.config.max_running_requests or 4096, "token_usage": 0.0,
             "gen_throughput": 0.0, "cache_hit_rate": 0.0, "utilization": 0.0}
@@ -107,17 +110,17 @@ def loads(sim: SimState) -> dict:
 
 
 def load(sim: SimState) -> list[dict]:
-    """/get_load: num_reqs counts running and waiting requests, like SGLang."""
-    waiting = sum(1 for s in sim.running.values() if not s.started)
-    tokens = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values())
-    return [
-        {
-            "dp_rank": 0,
-            "num_reqs": len(sim.running),
-            "num_waiting_reqs": waiting,
-            "num_tokens": tokens,
-            "num_pending_tokens": 0,
-            "ts_tic": time.perf_counter(),
-        }
-    ]
+    """/get_load (until 0.5.20): 0.5.17's shim over /v1/loads, one item per dp rank."""
+    return [get_load_item(core, time.perf_counter()) for core in loads(sim)["loads"]]
 
+
+def get_load_item(core: dict, ts_tic: float) -> dict:
+    """SGLang 0.5.17 http_server.get_load: a /v1/loads core entry in /get_load's historical shape."""
+    return {
+        "dp_rank": core["dp_rank"],
+        "num_reqs": core["num_running_reqs"] + core["num_waiting_reqs"],
+        "num_waiting_reqs": core["num_waiting_reqs"],
+        "num_tokens": core["num_total_tokens"],
+        "num_pending_tokens": core["num_total_tokens"] - core["num_used_tokens"],
+        "ts_tic": ts_tic,
+    }

@@ -30,6 +30,9 @@ from token_proxy.simulator.state import SIM_STATE, SimState
 from token_proxy.simulator.weight_routes import WEIGHTS, Weights
 
 UPDATE_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_distributed", "/update_weight_version"})
+# 0.5.21+: the session's begin / end queue behind a running update too (SGLang's scheduler takes them in
+# order); a fault reaches them only when it names their path.
+SESSION_PATHS = frozenset({"/begin_weight_update", "/end_weight_update"})
 FAULT_KINDS = ("pass", "fail", "delay", "restart")
 
 
@@ -101,7 +104,7 @@ async def list_faults(request: web.Request) -> web.Response:
 @web.middleware
 async def one_update_at_a_time(request: web.Request, handler) -> web.StreamResponse:
     rl = request.app[RL_SIM]
-    if request.path not in UPDATE_PATHS:
+    if request.path not in UPDATE_PATHS | SESSION_PATHS:
         fault = _take_fault(rl, request.path)
         return await (_faulty(request, handler, fault) if fault else handler(request))
     await request.read()  # read the body before waiting: the caller may give up meanwhile
@@ -153,6 +156,7 @@ async def _come_back(app: web.Application, restart_s: float) -> None:
     app[WEIGHTS].values = params.initial_params()
     app[WEIGHTS].groups.clear()
     app[WEIGHTS].released.clear()
+    app[WEIGHTS].session = None  # a restarted scheduler has no session open
     app[RL_SIM].restarts += 1
     sim.crashed = False
     sim.notify()

@@ -28,6 +28,13 @@ ALL_MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_A
 GROUP_FAILED = "Failed to initialize custom process group: {}."
 UPDATE_FAILED = ("Failed to update parameter online: {}. The full weights of the ModelRunner are partially "
                  "updated. Please discard the whole weights.")
+# 0.5.21+ (managers/scheduler_components/weight_updater.py): the receive is its own step, and distributed /
+# tensor updates need the weight-update session (upstream PR #28001).
+RECEIVE_FAILED = "Failed to receive weights: {}"
+NO_SESSION = "{} must run between begin_weight_update() and end_weight_update()"
+SESSION_OPEN = "a weight-update session is already open; call end_weight_update() first"
+NO_SESSION_TO_END = "no weight-update session is open; call begin_weight_update() first"
+SESSION_SINCE = "0.5.21"
 
 
 @dataclass
@@ -38,6 +45,10 @@ class Weights:
     groups: dict = field(default_factory=dict)  # group_name -> torch process group
     released: set[str] = field(default_factory=set)  # memory tags released
     updates: list[dict] = field(default_factory=list)  # every distributed update received, in order
+    # 0.5.21+: the open weight-update session ({"selector", "loaded_weights"}), None when closed; and
+    # every begin / end the server answered, in order (tests read the bracket from it).
+    session: dict | None = None
+    session_log: list[str] = field(default_factory=list)
 
 
 WEIGHTS: web.AppKey[Weights] = web.AppKey("sim_weights", Weights)
@@ -75,18 +86,30 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
     body = await _body(request, (1375, "update_weights_from_distributed"), required=("names", "dtypes", "shapes"))
     sim, weights = request.app[SIM_STATE], _weights(request)
     group_name = body.get("group_name", "weight_update_group")
-    if group_name not in weights.groups:
-        return _result(False, f"Group {group_name} not in {list(weights.groups)}. Please call "
-                              "`init_weights_update_group` first.")
+    missing_group = (f"Group {group_name} not in {list(weights.groups)}. Please call "
+                     "`init_weights_update_group` first.")
+    gated = sim.config.since(SESSION_SINCE)
+    if group_name not in weights.groups and not gated:
+        return _result(False, missing_group)
     if body.get("abort_all_requests"):
         sim.abort(abort_all=True)
     if not sim.paused:
         await _drain(sim)
+    if gated:  # the scheduler's checks, in its order: the session, then the receive (group first)
+        if weights.session is None:
+            return _result(False, NO_SESSION.format("update_weights_from_distributed"))
+        if group_name not in weights.groups:
+            return _result(False, RECEIVE_FAILED.format(missing_group))
     try:
         tensors = await asyncio.to_thread(params.receive, weights.groups[group_name], body["dtypes"], body["shapes"])
+    except Exception as exc:  # noqa: BLE001 - SGLang turns any receive failure into a reply
+        return _result(False, (RECEIVE_FAILED if gated else UPDATE_FAILED).format(exc))
+    try:
         _load(weights, body["names"], tensors)
     except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
         return _result(False, UPDATE_FAILED.format(exc))
+    if gated:
+        weights.session["loaded_weights"] = True
     flush = flush_outcome(sim, body)
     if flush == CRASH:
         return crash_scheduler(sim)
@@ -116,6 +139,34 @@ def _after_update(sim: SimState, body: dict) -> str:
         return ""
     sim.weight_version = str(body["weight_version"])
     return f" Weight version updated to {sim.weight_version}."
+
+
+async def begin_weight_update(request: web.Request) -> web.Response:
+    """0.5.21+: open the session (BeginWeightUpdateReqInput: `selector`, default "all")."""
+    body = await _body(request, (1460, "begin_weight_update"))
+    weights = _weights(request)
+    if not request.app[SIM_STATE].paused:
+        await _drain(request.app[SIM_STATE])  # the tokenizer manager's writer lock, as for an update
+    if weights.session is not None:
+        weights.session_log.append("begin refused")
+        return _result(False, SESSION_OPEN)
+    weights.session = {"selector": body.get("selector", "all"), "loaded_weights": False}
+    weights.session_log.append("begin")
+    return _result(True, "Success")
+
+
+async def end_weight_update(request: web.Request) -> web.Response:
+    """0.5.21+: close the session begin opened (EndWeightUpdateReqInput has no fields of its own)."""
+    await _body(request, (1475, "end_weight_update"))
+    weights = _weights(request)
+    if not request.app[SIM_STATE].paused:
+        await _drain(request.app[SIM_STATE])
+    if weights.session is None:
+        weights.session_log.append("end refused")
+        return _result(False, NO_SESSION_TO_END)
+    weights.session = None
+    weights.session_log.append("end")
+    return _result(True, "Success")
 
 
 async def destroy_weights_update_group(request: web.Request) -> web.Response:
@@ -165,7 +216,14 @@ ROUTES = (
 )
 
 
+SESSION_ROUTES = (
+    ("POST", "/begin_weight_update", begin_weight_update),
+    ("POST", "/end_weight_update", end_weight_update),
+)
+
+
 def add_weight_routes(app: web.Application) -> None:
     app[WEIGHTS] = Weights()
-    for method, path, handler in ROUTES:
+    since_0521 = SESSION_ROUTES if app[SIM_STATE].config.since(SESSION_SINCE) else ()
+    for method, path, handler in (*ROUTES, *since_0521):
         app.router.add_route(method, path, handler)

@@ -13,6 +13,7 @@ from multidict import CIMultiDict
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.proxy.admin import checks as check
 from token_proxy.proxy.admin import native_checks as native
+from token_proxy.proxy.admin import weight_session
 from token_proxy.proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.proxy.admin.workers import (
     ADMIN,
@@ -40,6 +41,7 @@ class Forward:
     fan_out: bool = True  # False: the first worker answers (reads)
     prepare: Prepare | None = None  # validate, and give each worker its body
     after: After | None = None  # the proxy's bookkeeping (weight versions, NCCL steps)
+    session: bool = False  # inside SGLang's weight-update session where it is gated (weight_session.py)
 
 
 async def disk_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
@@ -120,6 +122,14 @@ def note_group_gone(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -
     plane.live_groups.discard(body.get("group_name") or "weight_update_group")
 
 
+def note_session_open(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    weight_session.note_client_session(plane, weight_session.BEGIN, replies)
+
+
+def note_session_closed(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    weight_session.note_client_session(plane, weight_session.END, replies)
+
+
 # /load_lora_adapter and /unload_lora_adapter: the LoRA registry owns them (lora_routes.py).
 FORWARDS = (
     Forward(("POST",), "/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
@@ -127,7 +137,10 @@ FORWARDS = (
     Forward(("POST",), "/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
             after=note_group),
     Forward(("POST",), "/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
-            after=note_step),
+            after=note_step, session=True),
+    # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
+    Forward(("POST",), "/begin_weight_update", "admin_timeout_s", after=note_session_open),
+    Forward(("POST",), "/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
     Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
     Forward(("POST",), "/update_weight_version", "admin_timeout_s", after=note_new_version),
     Forward(("POST",), "/pause_generation", "admin_timeout_s", after=note_pause),
@@ -156,7 +169,10 @@ def forwarder(row: Forward):
         body = _json_object(raw) if row.prepare or row.after else {}
         bodies = await row.prepare(plane, body, urls) if row.prepare else (raw or None)
         path = request.path_qs if request.query_string else row.path
-        replies = await plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+        def call():
+            return plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+
+        replies = await (weight_session.bracketed(plane, urls, call, row.path) if row.session else call())
         if row.prepare in (disk_bodies, tensor_bodies):  # SGLang 0.5.22+: updated, flush refused
             replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
         if row.after:

@@ -24,6 +24,7 @@ from token_proxy.proxy.admin.forward import (
     note_group,
 )
 from token_proxy.proxy.admin.lora_routes import add_lora_routes
+from token_proxy.proxy.admin.removed_routes import add_removed_routes
 from token_proxy.proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
 from token_proxy.proxy.http_io import json_response, read_json
 from token_proxy.proxy.upstream.context import CONTEXT
@@ -186,6 +187,7 @@ def add_admin_routes(app: web.Application) -> None:
     vllm_rl.add_vllm_rl_routes(app)
     add_lora_routes(app)
     add_forward_routes(app)
+    add_removed_routes(app)
     add_passthrough(app)
 
 

@@ -12,7 +12,7 @@ in vLLM's request and reply shapes, on every worker behind the proxy.
 | POST /reset_prefix_cache | /flush_cache (a busy worker is owed it: flush.py) |
 | POST /init_weight_transfer_engine {"init_info"} | /init_weights_update_group (each worker its own rank_offset) |
 | POST /shutdown_weight_transfer_engine | /destroy_weights_update_group |
-| POST /start_weight_update, /update_weights {"update_info"}, /finish_weight_update {"weight_version"} | /update_weights_from_distributed per update; /update_weight_version, verify, flush |
+| POST /start_weight_update, /update_weights {"update_info"}, /finish_weight_update {"weight_version"} | /update_weights_from_distributed per update (0.5.21+: inside /begin_weight_update … /end_weight_update); /update_weight_version, verify, flush |
 | POST /update_weight_version {"new_version"} | forwarded as is (SGLang's route has the same name and body) |
 | GET /weight_info | /model_info weight_version of every worker |
 | POST /weight_checker {"action", "baseline"} | /weights_checker checksum / reset_tensors |
@@ -47,7 +47,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.proxy.admin import checks as check
-from token_proxy.proxy.admin import fleet
+from token_proxy.proxy.admin import fleet, weight_session
 from token_proxy.proxy.admin.flush import flush_or_owe, pending, read_pending
 from token_proxy.proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.proxy.admin.workers import (
@@ -333,8 +333,13 @@ async def update_weights(request: web.Request, body: dict) -> web.Response:
 async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
     urls = await plane.worker_urls()
     body = {**meta, "group_name": GROUP, "flush_cache": False}  # the flush comes once, at finish
-    replies = await plane.fan_out("POST", "/update_weights_from_distributed", body,
-                                  plane.settings.weight_update_timeout_s, urls)
+
+    def push():
+        return plane.fan_out("POST", "/update_weights_from_distributed", body,
+                             plane.settings.weight_update_timeout_s, urls)
+
+    # SGLang 0.5.21+ takes the push only inside a weight-update session, closed before any rollback.
+    replies = await weight_session.bracketed(plane, urls, push, action)
     if not all(r.ok for r in replies):
         # The workers that failed hold partly updated weights (SGLang: "discard the whole weights").
         await fleet.recover(plane, urls, replies, action, every_worker_changed=True)

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.proxy.upstream.client import SGLangClient
+from token_proxy.schemas.sglang_api import SGLangFeatures
 from token_proxy.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,11 @@ class AdminPlane:
     # One weight update at a time (fleet.py): a second waits for the first; /resume meanwhile is a 409.
     update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     updating: bool = False
+    # Each worker's SGLang API generation, read once from its /server_info (weight_session.py).
+    worker_api: dict[str, SGLangFeatures] = field(default_factory=dict)
+    # A client opened SGLang's weight-update session itself (POST /begin_weight_update through the proxy):
+    # the proxy's own bracket stands aside until the client's /end_weight_update.
+    client_session: bool = False
 
     @contextlib.asynccontextmanager
     async def transaction(self):
