@@ -20,7 +20,8 @@ from token_proxy.schemas.sglang_api import SAMPLING_KEYS_0517, features_for
 from token_proxy.schemas.sglang_payload import sampling_params, sglang_request
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.config import VERSIONS
-from token_proxy.simulator.sampling_params import ADDED_KEYS, KNOWN_KEYS
+from token_proxy.schemas.sglang_sampling import keys_for
+from token_proxy.simulator.sampling_params import KNOWN_KEYS
 from token_proxy.simulator.testing import parse_sse
 
 USER = [{"role": "user", "content": "Count slowly."}]
@@ -256,8 +257,15 @@ async def test_an_update_whose_flush_0_5_23_refuses_still_counts_and_owes_the_fl
 
 
 def test_the_strict_simulator_lists_what_0_5_23_lists():
-    assert [key for _, key in ADDED_KEYS] == ["beam_width", "watermark", "choice"]
+    assert [key for key in keys_for((0, 5, 23)) if key not in KNOWN_KEYS] == ["beam_width", "watermark", "choice"]
     assert set(KNOWN_KEYS) == SAMPLING_KEYS_0517
+
+
+def test_ebnf_full_assistant_is_a_sampling_key_of_0_5_20_and_0_5_21_only():
+    # bench/SGLANG_VERSIONS.md: SamplingParams took it in 0.5.20; 0.5.22's wire contract does not list it.
+    accepting = [v for v in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+                 if "ebnf_full_assistant" in features_for(v).sampling_keys]
+    assert accepting == ["0.5.20", "0.5.21"]
 
 
 async def test_non_streaming_weight_versions_are_sglangs_exact_spans_from_0_5_19(new_proxy, new_sim):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from token_proxy.schemas.sglang_sampling import added_keys, keys_since
+from token_proxy.schemas.sglang_sampling import keys_for
 
 OLDEST_KNOWN = (0, 5, 17)
 NEWEST_KNOWN = (0, 5, 23)
@@ -22,8 +22,7 @@ KNOWN_RANGE = ("0.5.17", "0.5.23")
 
 # sampling_params keys SGLang accepts (0.5.17: SamplingParams' API fields; 0.5.22+: the wire
 # contract api/v1/api_types.py, which answers any other key with a 400): schemas/sglang_sampling.py.
-SAMPLING_KEYS_0517 = frozenset(keys_since(OLDEST_KNOWN))
-_ADDED_SAMPLING_KEYS = added_keys()
+SAMPLING_KEYS_0517 = frozenset(keys_for(OLDEST_KNOWN))
 
 # Routes a release deleted that clients still call (bench/SGLANG_VERSIONS.md, from the wheels): the proxy
 # answers them itself, in 0.5.17's shape, from what the running release offers (proxy/admin/removed_routes.py).
@@ -108,7 +107,7 @@ def features_for(version) -> SGLangFeatures:
         seed_range_checked=since((0, 5, 21)),
         strict_sampling_keys=since((0, 5, 22)),
         flush_refusal_is_reply=since((0, 5, 22)),
-        sampling_keys=SAMPLING_KEYS_0517 | {key for release, key in _ADDED_SAMPLING_KEYS if since(release)},
+        sampling_keys=frozenset(keys_for(assumed)),
         removed_routes=frozenset(path for release, paths in _REMOVED_ROUTES if since(release) for path in paths),
     )
 

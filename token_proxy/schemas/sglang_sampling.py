@@ -28,6 +28,10 @@ class SamplingKey:
     name: str
     kind: str  # one of the JSON shapes above (its text is what a refusal says)
     since: tuple[int, int, int] = FIRST
+    until: tuple[int, int, int] | None = None  # the last release that accepts it (None: still accepted)
+
+    def accepted_by(self, release: tuple[int, int, int]) -> bool:
+        return self.since <= release and (self.until is None or release <= self.until)
 
 
 # In SGLang's own field order (api_types.py `_FIELDS_SamplingParams`).
@@ -52,18 +56,16 @@ SAMPLING_TABLE: tuple[SamplingKey, ...] = (
     SamplingKey("beam_width", INT, (0, 5, 19)),
     SamplingKey("watermark", OBJECT, (0, 5, 22)),
     SamplingKey("choice", STR_LIST, (0, 5, 23)),
+    # A SamplingParams argument in 0.5.20 and 0.5.21 only: 0.5.22's wire contract does not list it
+    # (bench/SGLANG_VERSIONS.md), so from there it is an unknown key like any other.
+    SamplingKey("ebnf_full_assistant", BOOL, (0, 5, 20), (0, 5, 21)),
 )
 KIND_OF = {key.name: key.kind for key in SAMPLING_TABLE}
 
 
-def keys_since(release: tuple[int, int, int]) -> tuple[str, ...]:
+def keys_for(release: tuple[int, int, int]) -> tuple[str, ...]:
     """The keys a server of `release` accepts, in SGLang's order."""
-    return tuple(key.name for key in SAMPLING_TABLE if key.since <= release)
-
-
-def added_keys() -> tuple[tuple[tuple[int, int, int], str], ...]:
-    """(release, key) for every key newer than 0.5.17."""
-    return tuple((key.since, key.name) for key in SAMPLING_TABLE if key.since > FIRST)
+    return tuple(key.name for key in SAMPLING_TABLE if key.accepted_by(release))
 
 
 def has_kind(value, kind: str) -> bool:

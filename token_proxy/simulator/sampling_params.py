@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from token_proxy.schemas.sglang_sampling import FIRST, added_keys, keys_since
+from token_proxy.schemas.sglang_api import parse_version
+from token_proxy.schemas.sglang_sampling import FIRST, keys_for
 from token_proxy.simulator.errors import BadRequest, ContractError, InternalServerError
 
 SAMPLING_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 DEFAULT_MAX_NEW_TOKENS = 128
-KNOWN_KEYS = keys_since(FIRST)  # 0.5.17's; the one table is schemas/sglang_sampling.py
+KNOWN_KEYS = keys_for(FIRST)  # 0.5.17's; the one table is schemas/sglang_sampling.py
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 _INT_KEYS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "stream_interval", "sampling_seed")
 
@@ -48,14 +49,10 @@ class SamplingParams:
         return max(map(len, self.stop), default=0)
 
 
-# Keys later releases added to the wire contract (api/v1/api_types.py _FIELDS_SamplingParams order).
-ADDED_KEYS = tuple((".".join(map(str, release)), key) for release, key in added_keys())
-
-
 def check_known_keys(raw: dict, config) -> None:
     """An unknown key: 0.5.22+'s contract gate answers 400 naming it; before, SamplingParams(**kw)
     raises TypeError, a bare 500 (golden err_unknown_sampling_param)."""
-    known = KNOWN_KEYS + tuple(key for release, key in ADDED_KEYS if config.since(release))
+    known = keys_for(parse_version(config.sglang_version))
     for key in raw:
         if key not in known:
             if not config.since("0.5.22"):
