@@ -18,9 +18,9 @@ from token_proxy.proxy.upstream.context import CONTEXT
 from token_proxy.schemas.sampling import SamplingRequest
 from token_proxy.schemas.sglang_api import SAMPLING_KEYS_0517, features_for
 from token_proxy.schemas.sglang_payload import sampling_params, sglang_request
+from token_proxy.schemas.sglang_sampling import keys_for
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.config import VERSIONS
-from token_proxy.schemas.sglang_sampling import keys_for
 from token_proxy.simulator.sampling_params import KNOWN_KEYS
 from token_proxy.simulator.testing import parse_sse
 
