@@ -27,6 +27,8 @@ class Settings:
     # Start-up: the port opens at once (503 until SGLang is known); after this long without SGLang
     # the wait is logged as a warning rather than info.
     backend_wait_s: float = 120.0
+    # No per-request access line (vLLM's --disable-log-requests / --disable-uvicorn-access-log).
+    disable_log_requests: bool = False
     # Simulator knobs, used only when backend_url is None.
     sim_ttft_ms: float = 0.0
     sim_tpot_ms: float = 0.0
@@ -107,6 +109,8 @@ class Settings:
             raise ValueError("tokenizer_threads must be >= 1")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError("context_length must be >= 1")
+        if self.backend_wait_s < 0:
+            raise ValueError(f"--backend-wait must be >= 0 seconds, got {self.backend_wait_s:g}")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
