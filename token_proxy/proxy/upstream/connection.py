@@ -193,7 +193,7 @@ class ProxyContext:
         if self.engine is None or self.outage_since is not None:
             return  # before the first connection the wait lines say it; during an outage it was said
         self.outage_since = clock()
-        log.warning("lost SGLang at %s: %s (requests get 503 until it answers again)", self.client.base_url, reason)
+        log.warning("lost SGLang: %s (requests get 503 until it answers again)", reason)
 
     def outage_ended(self, clock=time.monotonic) -> None:
         if self.outage_since is not None:
