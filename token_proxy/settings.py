@@ -27,14 +27,14 @@ class Settings:
     # Start-up: the port opens at once (503 until SGLang is known); after this long without SGLang
     # the wait is logged as a warning rather than info.
     backend_wait_s: float = 120.0
-    # No per-request access line (vLLM's --disable-log-requests / --disable-uvicorn-access-log).
-    disable_log_requests: bool = False
     # Simulator knobs, used only when backend_url is None.
     sim_ttft_ms: float = 0.0
     sim_tpot_ms: float = 0.0
     log_level: str = "info"
     # "text" or "json" for the proxy's own log lines; the per-request access line is always JSON.
     log_format: str = "text"
+    # No per-request access line (vLLM's --disable-log-requests / --disable-uvicorn-access-log).
+    disable_log_requests: bool = False
     # How often SGLang's /metrics is read for the vllm: view (0: never), and after how long
     # without a successful read that view is withdrawn rather than left frozen.
     backend_metrics_interval_s: float = 2.0
