@@ -9,6 +9,11 @@ ARGS   ?=
 # The container stack (deploy/): SGLang on a GPU + proxy + Prometheus + Grafana; SIM=1: no GPU, the
 # proxy runs its built-in simulator. Needs Docker with the compose plugin (>= 2.24.4).
 COMPOSE := docker compose -f deploy/docker-compose.yml $(if $(filter 1,$(SIM)),-f deploy/docker-compose.sim.yml)
+# Without the plugin, docker reads `compose -f` as its own flags ("unknown shorthand flag: 'f' in -f"):
+# checked first, when `up` or `down` runs, and said in one line (make's `*** ... Stop.`).
+NEED_COMPOSE = $(if $(shell docker compose version 2>/dev/null),,$(error make $@: `docker compose` (Docker's \
+	Compose v2 plugin, >= 2.24.4) is not installed: install the docker-compose-plugin package (Docker's apt \
+	repository, https://docs.docker.com/compose/install/linux/; Ubuntu: docker-compose-v2)))
 
 # Installs into one .venv are serialised by a lock, so `make run` and `make test` can start side by
 # side (pip must never write one environment twice at once). `make run` installs only what running
@@ -50,7 +55,7 @@ clean:
 	rm -rf $(VENV) $(VENV).lock .pytest_cache build *.egg-info
 
 up:  ## proxy :8000, Prometheus :9090, Grafana :3000 (SIM=1: no GPU needed)
-	$(COMPOSE) up -d --build
+	$(NEED_COMPOSE)$(COMPOSE) up -d --build
 
 down:
-	$(COMPOSE) down --remove-orphans
+	$(NEED_COMPOSE)$(COMPOSE) down --remove-orphans

@@ -83,7 +83,10 @@ def test_compose_wiring(compose):
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
     sglang_port = sglang["command"][sglang["command"].index("--port") + 1]
     assert proxy["environment"]["TOKEN_PROXY_BACKEND"] == f"http://sglang:{sglang_port}"
-    assert proxy["depends_on"]["sglang"]["condition"] == "service_healthy"
+    # The proxy starts with SGLang (its port opens at once, /health says why it cannot serve yet), not
+    # after SGLang turns healthy (up to 900 s of silence).
+    assert proxy["depends_on"]["sglang"]["condition"] == "service_started"
+    assert _seconds(proxy["healthcheck"]["start_period"]) >= _seconds(sglang["healthcheck"]["start_period"])
     assert proxy["build"]["dockerfile"] == "deploy/Dockerfile"
     assert (DEPLOY / proxy["build"]["context"]).resolve() == ROOT
     # The model and tokenizer live in one volume: SGLang writes it, the proxy reads it.
@@ -117,15 +120,63 @@ def test_gpu_less_override(sim_override):
     assert "!reset {}" in (DEPLOY / "docker-compose.sim.yml").read_text()  # a plain {} would merge, not clear
 
 
-def test_makefile_up_and_down():
+def _fake_docker(tmp_path: Path, compose: bool) -> dict:
+    """PATH with a `docker` that has the compose plugin or not (docker's own answer without it)."""
+    script = tmp_path / "docker"
+    plugin = 'echo "Docker Compose version v2.29.7"; exit 0' if compose else (
+        'echo "docker: \'compose\' is not a docker command." >&2; exit 1')
+    script.write_text(f'#!/bin/sh\nif [ "$1" = compose ]; then {plugin}; fi\nexit 0\n')
+    script.chmod(0o755)
+    return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+
+def test_makefile_up_and_down(tmp_path):
+    env = _fake_docker(tmp_path, compose=True)
+
     def dry(*args):
         return subprocess.run(["make", "-s", "-n", *args], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.split()
+                              check=True, env=env).stdout.split()
 
     assert dry("up")[:5] == ["docker", "compose", "-f", "deploy/docker-compose.yml", "up"]
     sim = dry("up", "SIM=1")
     assert sim[sim.index("-f", 3) + 1] == "deploy/docker-compose.sim.yml" and "--build" in sim
     assert dry("down")[-2:] == ["down", "--remove-orphans"]
+
+
+@pytest.mark.parametrize("target", ["up", "down"])
+def test_makefile_says_when_the_compose_plugin_is_missing(tmp_path, target):
+    """Not docker's "unknown shorthand flag: 'f' in -f": one line naming the plugin and how to get it."""
+    result = subprocess.run(["make", "-s", target], cwd=ROOT, capture_output=True, text=True, check=False,
+                            env=_fake_docker(tmp_path, compose=False))
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert re.fullmatch(rf"Makefile:\d+: \*\*\* make {target}: `docker compose` \(Docker's Compose v2 plugin, "
+                        r">= 2\.24\.4\) is not installed: install the docker-compose-plugin package \(Docker's apt "
+                        r"repository, https://docs\.docker\.com/compose/install/linux/; Ubuntu: docker-compose-v2\)\."
+                        r"  Stop\.", line), line
+
+
+def docker_run_recipes(readme: Path = DEPLOY / "README.md") -> list[list[str]]:
+    """The `docker run` commands a README shows (tests/test_image.py runs deploy/README's for real)."""
+    blocks = re.findall(r"```\n(docker run .*?)```", readme.read_text(), re.DOTALL)
+    return [shlex.split(block.replace("\\\n", " ")) for block in blocks]
+
+
+def test_readmes_show_docker_run_in_front_of_a_running_sglang():
+    """Both READMEs: the proxy container at an SGLang already running on the host, the tokenizer as a
+    mounted directory or as a hub id from the mounted Hugging Face cache, offline."""
+    for readme in (DEPLOY / "README.md", ROOT / "README.md"):
+        directory, hub = docker_run_recipes(readme)
+        for argv in (directory, hub):
+            assert argv[:5] == ["docker", "run", "-d", "--name", "token-proxy"] and "--network" in argv
+            image = argv.index("sglang-token-proxy")
+            assert argv[image + 1:image + 3] == ["--backend", "http://127.0.0.1:30000"]
+            assert argv[image + 3] == "--tokenizer"
+        mount = directory[directory.index("-v") + 1]
+        assert mount.endswith(":ro") and mount.split(":")[1] == directory[-1]  # --tokenizer is the mount
+        assert {"HF_HOME=/hf-cache", "HF_HUB_OFFLINE=1"} <= set(hub) and hub[hub.index("-v") + 1].endswith(
+            ":/hf-cache:ro")
+        assert "--add-host=host.docker.internal:host-gateway" in readme.read_text()
 
 
 def test_dockerfile_is_slim_non_root_with_a_healthcheck():
@@ -172,6 +223,15 @@ async def test_image_entry_command_serves_health_and_metrics(make_sim, tokenizer
         await asyncio.wait_for(proc.wait(), 10)
     log = [json.loads(line) for line in (await proc.stderr.read()).decode().splitlines()]  # all JSON
     assert any(line.get("logger") == "token_proxy" and "listening" in line["message"] for line in log)
+
+
+def test_prometheus_config_says_what_to_scrape_outside_compose():
+    """The targets are compose host names; the file says what to write without compose."""
+    text = (DEPLOY / "prometheus.yml").read_text()
+    assert '["127.0.0.1:8000"] for token-proxy and ["127.0.0.1:30000"] for' in " ".join(
+        line.lstrip("# ") for line in text.splitlines())
+    readme = (DEPLOY / "README.md").read_text()
+    assert "127.0.0.1:8000" in readme and "prometheus.yml" in readme
 
 
 def test_prometheus_scrapes_the_proxy_and_sglang(compose):
@@ -265,6 +325,11 @@ def _mount(service: dict, volume: str) -> str:
 def _sglang_port(compose: dict) -> str:
     command = compose["services"]["sglang"]["command"]
     return command[command.index("--port") + 1]
+
+
+def _seconds(duration: str) -> int:
+    value, unit = re.fullmatch(r"(\d+)([sm])", duration).groups()
+    return int(value) * (60 if unit == "m" else 1)
 
 
 def _expand(env: dict) -> dict:

@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -24,6 +25,7 @@ import httpx
 import pytest
 import yaml
 from admin_fixtures import free_port
+from test_deploy import docker_run_recipes
 from test_proxy_chat import CHOICE_KEYS, GOLDEN_PROMPT_IDS, TOP_KEYS, USER
 
 pytestmark = pytest.mark.docker
@@ -173,6 +175,87 @@ def test_processes_do_not_run_as_root(proxy):
     processes = [line.split() for line in result.stdout.splitlines()]
     assert len(processes) >= 2, processes  # the proxy and its built-in simulator, at least
     assert all(int(uid) != 0 for _, *uids in processes for uid in uids), processes
+
+
+# `docker run` in front of an SGLang already running on the host (deploy/README.md's recipes) -------------
+
+HUB_ID = "acme/qwen2-tokenizer"  # stands in for the recipe's Qwen/Qwen2.5-7B-Instruct
+HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def host_sglang(engine, tokenizer_dir):
+    """The simulator on the host's loopback, as the SGLang that is already running."""
+    port = free_port()
+    sim = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(port),
+                            "--tokenizer", str(tokenizer_dir), "--incremental-streaming-output"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 120
+        while _get(f"http://127.0.0.1:{port}/health") != 200:
+            assert sim.poll() is None and time.monotonic() < end, "the host's simulator never became healthy"
+            time.sleep(0.2)
+        yield port
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+
+@pytest.fixture(scope="module")
+def mounts(tokenizer_dir, tmp_path_factory) -> dict[str, Path]:
+    """What the recipes mount: a model directory, and a Hugging Face cache holding HUB_ID (as SGLang's
+    download leaves it: refs/main -> snapshots/REV), both readable by the image's unprivileged user."""
+    root = tmp_path_factory.mktemp("recipes")
+    model = root / "model"
+    shutil.copytree(tokenizer_dir, model)
+    snapshot = root / "hf-cache" / "hub" / f"models--{HUB_ID.replace('/', '--')}" / "snapshots" / HUB_REVISION
+    shutil.copytree(tokenizer_dir, snapshot)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen2"}))  # AutoTokenizer reads it for ids
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text(HUB_REVISION)
+    subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
+    return {"/models/Qwen2.5-7B-Instruct": model, "~/.cache/huggingface": root / "hf-cache"}
+
+
+def recipe_argv(recipe: list[str], name: str, port: int, sglang_port: int, mounts: dict[str, Path]) -> list[str]:
+    """deploy/README.md's command with this machine's paths, ports and image; the rest as written."""
+    argv = []
+    for arg in recipe[2:]:  # after `docker run`
+        for placeholder, path in mounts.items():
+            if arg.startswith(placeholder + ":"):
+                arg = str(path) + arg[len(placeholder):]
+        arg = {"token-proxy": name, "sglang-token-proxy": PROXY_IMAGE, "Qwen/Qwen2.5-7B-Instruct": HUB_ID,
+               "http://127.0.0.1:30000": f"http://127.0.0.1:{sglang_port}"}.get(arg, arg)
+        if arg == PROXY_IMAGE:  # the port is free here, not 8000; every line JSON, to check it
+            argv += ["-e", f"TOKEN_PROXY_PORT={port}", "-e", "TOKEN_PROXY_HOST=127.0.0.1", "-e",
+                     "TOKEN_PROXY_LOG_FORMAT=json"]
+        argv.append(arg)
+    return argv
+
+
+@pytest.mark.parametrize("which", ["tokenizer directory", "hub id from the HF cache"])
+def test_docker_run_in_front_of_a_running_sglang(proxy_image, host_sglang, mounts, which):
+    recipe = docker_run_recipes()[0 if which == "tokenizer directory" else 1]
+    port = free_port()
+    name = f"token-proxy-recipe-{RUN_ID}-{'dir' if which == 'tokenizer directory' else 'hub'}"
+    argv = recipe_argv(recipe, name, port, host_sglang, mounts)
+    result = docker("run", *argv)
+    assert result.returncode == 0, tail(result)
+    container = Container(name, port)
+    try:
+        container.wait_until(lambda: _get(f"{container.url}/health") == 200, "/health 200", 120)
+        resp = httpx.post(f"{container.url}/v1/chat/completions", timeout=60,
+                          json={"messages": USER, "max_tokens": 4, "temperature": 0, "return_token_ids": True})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["prompt_token_ids"] == GOLDEN_PROMPT_IDS
+        lines = [json.loads(line) for line in container.logs()]  # every line JSON
+        messages = [line.get("message", "") for line in lines]
+        expected = "/model (local)" if which == "tokenizer directory" else f"{HUB_ID} (hub id)"
+        assert f"loading tokenizer {expected}" in messages, messages
+        assert any(m.startswith("serving ") and f"from http://127.0.0.1:{host_sglang}" in m for m in messages)
+        print(f"docker run {' '.join(argv)}: healthy, chat 200")
+    finally:
+        container.remove()
 
 
 # Prometheus -------------------------------------------------------------------------------------------

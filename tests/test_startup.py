@@ -154,7 +154,9 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     assert proxy.app[CONTEXT].engine is None
     resp = await proxy.get("/health")
     assert resp.status == 503
-    assert "not connected" in (await resp.json())["error"]["message"]
+    url = str(sim.make_url("")).rstrip("/")  # the reason names the tokenizer, not SGLang, which is up
+    assert (await resp.json())["error"]["message"] == (f"The proxy is loading the tokenizer '{tokenizer_dir}' "
+                                                       f"(SGLang at {url} is up)")
 
 
 def _get_quiet(port: int, path: str = "/health") -> int | None:

@@ -28,6 +28,7 @@ import urllib.request
 from token_proxy.proxy.ops.access_log import configure_logging
 from token_proxy.schemas.fields import bool_word
 from token_proxy.settings import Settings
+from token_proxy.tokenization.loader import tokenizer_dir_problem
 from token_proxy.tools import REASONING_PARSERS, TOOL_PARSERS
 
 log = logging.getLogger("token_proxy")
@@ -136,6 +137,8 @@ FLAG_GROUPS = (
     ("logging and metrics", (
         ("--log-level", "log_level", str, "debug, info, warning or error"),
         ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
+        ("--disable-log-requests", "disable_log_requests", flag_bool, ("no per-request access line (vLLM's "
+         "spelling; its --disable-uvicorn-access-log is accepted too)")),
         ("--backend-metrics-interval", "backend_metrics_interval_s", float, ("seconds between reads of "
          "SGLang's /metrics for the vllm: view (0: off)")),
         ("--backend-metrics-stale-after", "backend_metrics_stale_s", float, ("seconds without a good read of "
@@ -147,6 +150,8 @@ FLAG_GROUPS = (
     )),
 )
 _FLAGS = tuple(flag for _, flags in FLAG_GROUPS for flag in flags)
+# Other spellings of a flag (vLLM's), accepted as the same option.
+_ALIASES = {"--disable-log-requests": ("--disable-uvicorn-access-log",)}
 # Deprecated flags: (flag, Settings field it sets, how its value maps onto that field). Hidden from --help.
 _DEPRECATED = (
     ("--allow-unhonoured-seed", "require_honoured_seed", lambda allow: not allow),
@@ -178,9 +183,36 @@ def _shown_default(field: str, value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A flag error is one line naming the flag and --help (not the 30-line usage first), written as a
+    JSON log line when the log format is JSON (json_errors), so a log pipeline can read it."""
+
+    json_errors = False
+
+    def error(self, message: str):
+        line = f"{self.prog}: error: {message} (see {self.prog} --help)"
+        if self.json_errors:
+            from token_proxy.proxy.ops.access_log import JsonFormatter
+
+            record = logging.LogRecord("token_proxy", logging.ERROR, __file__, 0, line, None, None)
+            line = JsonFormatter().format(record)
+        self.exit(2, line + "\n")
+
+
+def wants_json_log(argv: list[str], environ) -> bool:
+    """--log-format json as the parser would read it (the last one wins), before parsing succeeds."""
+    fmt = environ.get(env_name("--log-format"), "text")
+    for i, arg in enumerate(argv):
+        if arg == "--log-format" and i + 1 < len(argv):
+            fmt = argv[i + 1]
+        elif arg.startswith("--log-format="):
+            fmt = arg.partition("=")[2]
+    return fmt == "json"
+
+
 def build_parser(environ: dict) -> argparse.ArgumentParser:
     defaults = Settings()
-    parser = argparse.ArgumentParser(prog="token-proxy", description=DESCRIPTION)
+    parser = OneLineParser(prog="token-proxy", description=DESCRIPTION)
     for title, flags in FLAG_GROUPS:
         group = parser.add_argument_group(title)
         for flag, field, kind, help_text in flags:
@@ -195,7 +227,7 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
             metavar = "MS" if field.endswith("_ms") else _METAVARS.get(kind, flag[2:].upper().replace("-", "_"))
             if field == "weight_dirs":
                 metavar = "DIR"
-            group.add_argument(flag, dest=field, type=kind, metavar=metavar,
+            group.add_argument(flag, *_ALIASES.get(flag, ()), dest=field, type=kind, metavar=metavar,
                                help=f"{help_text} [default: {shown}; env {env}]", **repeat)
     for flag, _, _ in _DEPRECATED:
         parser.add_argument(flag, dest="deprecated_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
@@ -206,6 +238,7 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
 def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -> Settings:
     environ = os.environ if environ is None else environ
     parser = build_parser(environ)
+    parser.json_errors = wants_json_log(sys.argv[1:] if argv is None else argv, environ)
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
     _apply_deprecated(args, values, environ)
@@ -251,19 +284,38 @@ def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
             log.warning("%s is deprecated; it sets %s", flag, field)
 
 
+# SGLang's own routes: a --backend ending in one names a route, not the server (the proxy adds them).
+SGLANG_ROUTES = ("/generate", "/health", "/health_generate", "/model_info", "/get_model_info", "/server_info",
+                 "/get_server_info", "/metrics", "/v1/chat/completions", "/v1/completions", "/v1/models")
+
+
 def normalise_backend_url(url: str) -> tuple[str, str | None]:
     """SGLang's base URL, or ValueError. An OpenAI-style .../v1 suffix is dropped, with a warning:
-    the proxy calls SGLang's native routes (/generate, /model_info) at its root."""
+    the proxy calls SGLang's native routes (/generate, /model_info) at its root. A path ending in one
+    of those routes is refused; an http URL with no port is used (port 80: a reverse proxy may be
+    there) with a warning naming SGLang's own port, 30000."""
     parts = urllib.parse.urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"--backend {url!r} is not an http(s) URL: write it as http://HOST:PORT "
                          "(SGLang's address, without /v1)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"--backend {url!r} has an invalid port: write it as http://HOST:PORT") from None
     path = parts.path.rstrip("/")
+    root = f"{parts.scheme}://{parts.netloc}"
+    route = next((r for r in SGLANG_ROUTES if path.endswith(r)), None)
+    if route:
+        raise ValueError(f"--backend {url!r} names SGLang's {route} route, not the server: pass its root, "
+                         f"--backend {root}{path[:-len(route)]}")
     warning = None
     if path.endswith("/v1"):
         path = path[:-3]
         warning = (f"--backend {url!r} ends in /v1 (an OpenAI base URL); using SGLang's root "
-                   f"{parts.scheme}://{parts.netloc}{path} (the proxy calls its native /generate)")
+                   f"{root}{path} (the proxy calls its native /generate)")
+    elif port is None and parts.scheme == "http":
+        warning = (f"--backend {url!r} names no port: using port 80 (SGLang listens on 30000 unless started "
+                   f"with --port; write {root}:30000{path} if that is where it is)")
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", "")), warning
 
 
@@ -273,18 +325,41 @@ def looks_local(path: str) -> bool:
 
 
 def check_tokenizer_path(path: str | None) -> None:
-    """A local tokenizer path that does not exist is a typo, not a hub id to wait for."""
+    """A local tokenizer path that does not exist is a typo, not a hub id to wait for; a directory with
+    no tokenizer in it is the wrong directory."""
     if path and looks_local(path) and not os.path.exists(os.path.expanduser(path)):
         raise StartupError(f"--tokenizer {path!r}: no such file or directory")
+    problem = path and tokenizer_dir_problem(path)
+    if problem:
+        raise StartupError(problem)
 
 
 class StartupError(Exception):
     """A configuration problem found before serving: one line, exit status 2."""
 
 
+class _Held(logging.Handler):
+    """Records logged while the flags are read (a --backend warning), before logging is configured:
+    written afterwards, in the configured format."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 def main(argv: list[str] | None = None) -> None:
-    settings = parse_settings(argv)
-    configure_logging(settings.log_level, settings.log_format)
+    held, root = _Held(), logging.getLogger()
+    root.addHandler(held)
+    try:
+        settings = parse_settings(argv)
+    finally:
+        root.removeHandler(held)
+    configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
+    for record in held.records:
+        root.handle(record)
     try:
         check_tokenizer_path(settings.tokenizer)
         # Before anything starts: a busy port fails first. With --workers N the workers bind it
@@ -343,7 +418,7 @@ def serve(settings: Settings, sock: socket.socket, role=None) -> None:
     from aiohttp import web
 
     from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.upstream.connection import ON_FATAL
+    from token_proxy.proxy.upstream.connection import CONTEXT, ON_FATAL
 
     # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
     # the collector thousands of times a second under load. Long-lived objects are frozen out of it.
@@ -359,6 +434,13 @@ def serve(settings: Settings, sock: socket.socket, role=None) -> None:
     app[ON_FATAL] = stop
     port = sock.getsockname()[1]
     worker = f" (worker {role.index})" if role is not None and role.index is not None else ""
+
+    async def say_shutting_down(app: web.Application) -> None:  # SIGTERM / SIGINT: before the drain
+        ctx = app.get(CONTEXT)
+        log.info("token-proxy shutting down%s: not accepting; %d requests in flight get up to %g s "
+                 "(--shutdown-timeout)", worker, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
+
+    app.on_shutdown.append(say_shutting_down)
     log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
              settings.host, port, worker, settings.backend_url)
     web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,

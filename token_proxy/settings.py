@@ -33,6 +33,8 @@ class Settings:
     log_level: str = "info"
     # "text" or "json" for the proxy's own log lines; the per-request access line is always JSON.
     log_format: str = "text"
+    # No per-request access line (vLLM's --disable-log-requests / --disable-uvicorn-access-log).
+    disable_log_requests: bool = False
     # How often SGLang's /metrics is read for the vllm: view (0: never), and after how long
     # without a successful read that view is withdrawn rather than left frozen.
     backend_metrics_interval_s: float = 2.0
@@ -107,6 +109,8 @@ class Settings:
             raise ValueError("tokenizer_threads must be >= 1")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError("context_length must be >= 1")
+        if self.backend_wait_s < 0:
+            raise ValueError(f"--backend-wait must be >= 0 seconds, got {self.backend_wait_s:g}")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
         if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     from token_proxy.cli import serve
     from token_proxy.proxy.ops.access_log import configure_logging
 
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))
     serve(settings, listen_reuse_port(settings.host, settings.port), role=role)
 

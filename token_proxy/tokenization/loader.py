@@ -18,6 +18,22 @@ class TokenizerInfo:
     has_chat_template: bool
 
 
+# What a model directory holds when it carries a tokenizer (a fast tokenizer, a sentencepiece model, or
+# a BPE/WordPiece vocabulary): a directory with none of them is the wrong directory, whatever
+# transformers then guesses (it suggests installing sentencepiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
+def tokenizer_dir_problem(path: str) -> str | None:
+    """One line naming the fix when `path` is a local directory that holds no tokenizer; else None."""
+    directory = os.path.expanduser(path)
+    if not os.path.isdir(directory) or any(os.path.exists(os.path.join(directory, f)) for f in TOKENIZER_FILES):
+        return None
+    return (f"the tokenizer directory {path!r} holds no tokenizer (no tokenizer.json, tokenizer_config.json "
+            "or tokenizer.model): pass --tokenizer with the model's directory (the one SGLang's --model-path names)")
+
+
 def load_tokenizer(name_or_path: str):
     """Load a fast HF tokenizer; offline when the path is local, so nothing is downloaded by surprise."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

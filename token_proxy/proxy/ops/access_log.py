@@ -112,15 +112,19 @@ class JsonFormatter(logging.Formatter):
 
 
 # Libraries that print through handlers of their own (transformers adds a stderr handler on import,
-# and its "PyTorch was not found" advisory with it): their records go through the proxy's handlers.
-LIBRARY_LOGGERS = ("transformers",)
+# and its "PyTorch was not found" advisory with it; huggingface_hub too, and propagates as well, so its
+# download retries printed twice): their records go through the proxy's handlers.
+LIBRARY_LOGGERS = ("transformers", "huggingface_hub")
 
 
-def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 10.0) -> LogWriter:
+def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 10.0,
+                      access_lines: bool = True) -> LogWriter:
     """Root logging for the CLI: every line goes to stderr through one LogWriter (a thread writes
     batches of whole lines); access lines are written as they are (already JSON), everything else
     as text or JSON. Repeated warnings (the same message template) are written once per
-    `repeat_interval_s`, with a count. Returns the writer (`stop()` writes what is left)."""
+    `repeat_interval_s`, with a count. access_lines=False (--disable-log-requests): no per-request
+    line at all (log_request asks isEnabledFor first, so this costs nothing per request).
+    Returns the writer (`stop()` writes what is left)."""
     # Advice meant for notebook users (e.g. "PyTorch was not found"): the proxy never needs torch.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     console = JsonFormatter() if fmt == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -130,6 +134,7 @@ def configure_logging(level: str, fmt: str = "text", repeat_interval_s: float = 
     root = logging.getLogger()
     root.handlers[:] = [writer]
     root.setLevel(level.upper())
+    access_log.disabled = not access_lines
     for name in LIBRARY_LOGGERS:  # before their import: a logger-level filter sees records first
         library = logging.getLogger(name)
         if not any(isinstance(f, _ToRoot) for f in library.filters):

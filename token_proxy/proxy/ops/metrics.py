@@ -34,7 +34,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics import MetricWrapperBase
 
-from token_proxy.errors import ProxyError
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.proxy.ops.access_log import add_request_id_header, log_request
 from token_proxy.proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.proxy.request_stats import RequestStats, stats_of
@@ -460,25 +460,33 @@ async def backend_metrics(app: web.Application):
     task = None
     if interval > 0:
         timeout = min(5.0, max(interval, settings.backend_metrics_stale_s / 2))
-        task = asyncio.get_running_loop().create_task(_scrape_forever(ctx.client, metrics, interval, timeout))
+        task = asyncio.get_running_loop().create_task(_scrape_forever(ctx, metrics, interval, timeout))
     yield
     if task is not None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def _scrape_forever(client, metrics: ProxyMetrics, interval: float, timeout: float) -> None:
+async def _scrape_forever(ctx, metrics: ProxyMetrics, interval: float, timeout: float) -> None:
     """Reads SGLang's /metrics for the vllm: view. When SGLang answers again after failing (it may have
-    restarted, with other weights), the weight version is read again at once."""
+    restarted, with other weights), the weight version is read again at once. Whether SGLang answers at
+    all is the proxy's outage signal (ctx.outage_began / outage_ended log it): a 404 is an answer."""
+    client = ctx.client
     backend, was_up = metrics.backend, True
     while True:
         try:
             backend.update(await client.metrics_text(timeout))
+            ctx.outage_ended()
+        except (BackendUnavailable, BackendTimeout) as exc:  # no answer: SGLang is gone, or not there yet
+            backend.failed()
+            ctx.outage_began(exc.message)
         except ProxyError as exc:
             backend.failed()
+            ctx.outage_ended()
             if was_up:
-                log.warning("cannot read SGLang's /metrics (%s); the vllm: view goes stale (is SGLang "
-                            "started with --enable-metrics?)", exc.message)
+                hint = (" (start SGLang with --enable-metrics)" if "HTTP 404" in exc.message
+                        else "; the vllm: view goes stale")
+                log.warning("cannot read SGLang's /metrics: %s%s", exc.message, hint)
         except Exception:  # a bad page must not end the loop
             backend.failed()
             log.exception("unreadable /metrics page from SGLang")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -23,7 +25,12 @@ from token_proxy.proxy.ops.access_log import adopt_library_loggers
 from token_proxy.proxy.upstream.client import SGLangClient
 from token_proxy.schemas.sglang_api import KNOWN_RANGE, VERIFIED_FEATURES, SGLangFeatures, features_for
 from token_proxy.settings import Settings
-from token_proxy.tokenization.loader import TokenizerInfo, describe_tokenizer, load_tokenizer
+from token_proxy.tokenization.loader import (
+    TokenizerInfo,
+    describe_tokenizer,
+    load_tokenizer,
+    tokenizer_dir_problem,
+)
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
 from token_proxy.tools import choose_tool_parser
@@ -138,6 +145,10 @@ class ProxyContext:
     executor: Executor
     engine: Engine | None = None
     last_error: str | None = None  # why the engine is not there yet
+    loading_tokenizer: str | None = None  # SGLang answered; this tokenizer is loading (a hub id may take long)
+    # Since when SGLang has been unreachable after it was connected (None: it is there); outage_began and
+    # outage_ended log the two edges, one line each.
+    outage_since: float | None = None
     fatal: str | None = None  # a configuration error that ends the process (an unloadable tokenizer)
     # Fire-and-forget work (upstream aborts) that must outlive a cancelled handler.
     background: set[asyncio.Task] = field(default_factory=set)
@@ -169,8 +180,26 @@ class ProxyContext:
         """None when the data path can serve; else why not (what /health and every 503 say)."""
         if self.engine is not None:
             return None
+        if self.fatal:
+            return f"The proxy cannot serve: {self.fatal}"
+        if self.loading_tokenizer:
+            return (f"The proxy is loading the tokenizer {self.loading_tokenizer!r} (SGLang at "
+                    f"{self.client.base_url} is up){_hub_hint(self.loading_tokenizer)}")
         why = f": {self.last_error}" if self.last_error else ""
         return f"The proxy is not connected to SGLang at {self.client.base_url} yet{why}"
+
+    def outage_began(self, reason: str, clock=time.monotonic) -> None:
+        """SGLang stopped answering after it was connected (the /metrics reader noticed): one warning."""
+        if self.engine is None or self.outage_since is not None:
+            return  # before the first connection the wait lines say it; during an outage it was said
+        self.outage_since = clock()
+        log.warning("lost SGLang: %s (requests get 503 until it answers again)", reason)
+
+    def outage_ended(self, clock=time.monotonic) -> None:
+        if self.outage_since is not None:
+            log.info("SGLang at %s answers again (after %.0f s unreachable)", self.client.base_url,
+                     clock() - self.outage_since)
+            self.outage_since = None
 
     def _ready(self) -> Engine:
         if self.engine is None:
@@ -226,7 +255,7 @@ async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monoto
                 log.info("serving %s (context %d) from %s: %s", ctx.backend.served_model_name,
                          ctx.backend.max_model_len, ctx.client.base_url, ctx.backend.api.describe())
                 return
-            ctx.last_error = f"its /health: {problem}"
+            ctx.last_error = f"its /health: {health_hint(problem, ctx.client.base_url)}"
         except (ProxyError, RuntimeError, OSError, ValueError) as exc:
             ctx.last_error = getattr(exc, "message", None) or str(exc)
         waited = clock() - start
@@ -237,17 +266,49 @@ async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monoto
         delay = min(delay * 2, max_delay_s)
 
 
+def health_hint(problem: str, base_url: str) -> str:
+    """What SGLang's /health answered, with the likely fix where the answer points at --backend itself."""
+    parts = urllib.parse.urlsplit(base_url)
+    if problem == "HTTP status 404":  # every SGLang serves /health: this URL is something else
+        return (f"HTTP status 404 for {base_url}/health: no SGLang at this address (--backend must be "
+                "SGLang's root URL, e.g. http://HOST:30000, without a route such as /generate)")
+    if problem == "connection refused" and parts.port is None and parts.scheme == "http":
+        return (f"connection refused on port 80 (--backend {base_url} names no port; SGLang listens on "
+                "30000 unless started with --port)")
+    return problem
+
+
+def _hub_hint(tokenizer: str) -> str:
+    if os.path.isdir(tokenizer):
+        return ""
+    return (": a Hugging Face hub id, downloaded unless cached (HF_HOME); with no network, mount the model "
+            "directory and pass --tokenizer DIR")
+
+
+def _load_tokenizer(path: str):
+    """In an executor thread. Library loggers are adopted between the import and the load: huggingface_hub
+    gives itself a stderr handler on import, and its download retries would otherwise print twice."""
+    import transformers  # noqa: F401 -- imported here so its loggers exist before they are adopted
+
+    adopt_library_loggers()
+    return load_tokenizer(path)
+
+
 async def _engine(ctx: ProxyContext) -> Engine:
     backend = await discover(ctx.client, ctx.settings)
+    problem = tokenizer_dir_problem(backend.tokenizer_path)
+    if problem:
+        raise TokenizerLoadError(problem)
+    ctx.loading_tokenizer = backend.tokenizer_path
     try:
-        tokenizer = await asyncio.get_running_loop().run_in_executor(ctx.executor, load_tokenizer,
+        tokenizer = await asyncio.get_running_loop().run_in_executor(ctx.executor, _load_tokenizer,
                                                                      backend.tokenizer_path)
     except Exception as exc:  # noqa: BLE001 -- transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise TokenizerLoadError(f"cannot load the tokenizer {backend.tokenizer_path!r}: {reason} "
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
-    finally:  # transformers gives itself a stderr handler on import: route it through ours
-        adopt_library_loggers()
+    finally:
+        ctx.loading_tokenizer = None
     return Engine(backend=backend, tokenizer_info=describe_tokenizer(tokenizer),
                   renderer=PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size,
                                           busy=lambda: bool(ctx.in_flight)),

@@ -1,0 +1,274 @@
+"""Start-up mistakes a vLLM/SGLang user makes, each answered in one line naming the fix (issue 23):
+flag errors without the usage screen (JSON in JSON log mode), --backend URLs that name a route or no
+port, a negative --backend-wait, an empty tokenizer directory, a hub tokenizer that cannot be fetched
+(/health blames the tokenizer, its retry lines once each), SGLang lost and back, shutdown, and the
+switch that turns the access line off."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from aiohttp import web
+
+from token_proxy.cli import parse_settings
+from token_proxy.proxy.upstream.connection import health_hint
+
+CLI = [sys.executable, "-m", "token_proxy.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(args: list[str], log_format: str = "json", timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKEN_PROXY_LOG_FORMAT": log_format}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=timeout, env=env)
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]  # raises on any line that is not JSON
+
+
+def _get(port: int, path: str) -> tuple[int | None, bytes]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return None, b""
+
+
+# --- flag errors -----------------------------------------------------------------------------------
+
+def test_a_flag_error_is_one_line_naming_the_flag_and_help():
+    result = _run(["--port", "x"], log_format="text")
+    assert result.returncode == 2
+    assert result.stderr == "token-proxy: error: argument --port: invalid int value: 'x' (see token-proxy --help)\n"
+
+
+def test_a_flag_error_is_a_json_line_in_json_log_mode():
+    result = _run(["--bogus-flag", "1"])
+    assert result.returncode == 2
+    (line,) = _json_lines(result.stderr)
+    assert (line["level"], line["logger"], line["message"]) == (
+        "error", "token_proxy", "token-proxy: error: unrecognized arguments: --bogus-flag 1 (see token-proxy --help)")
+    # --log-format on the command line decides too, whatever the environment says
+    flag = _run(["--log-format=json", "--port", "x"], log_format="text")
+    assert _json_lines(flag.stderr)[0]["message"].startswith("token-proxy: error: argument --port")
+
+
+def test_a_negative_backend_wait_is_refused():
+    result = _run(["--backend", "http://127.0.0.1:30000", "--backend-wait", "-5"], log_format="text")
+    assert result.returncode == 2
+    assert result.stderr == ("token-proxy: error: --backend-wait must be >= 0 seconds, got -5 "
+                             "(see token-proxy --help)\n")
+
+
+# --- --backend ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("given", "root"), [
+    ("http://host:30000/generate", "http://host:30000"),
+    ("http://host:30000/v1/chat/completions", "http://host:30000"),
+    ("https://gw/sglang/health/", "https://gw/sglang"),
+])
+def test_a_backend_url_naming_an_sglang_route_is_refused(given, root, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_settings(["--backend", given], environ={})
+    assert exit_info.value.code == 2
+    route = "/" + given.rstrip("/").split("/", 3)[3].removeprefix("sglang/")
+    assert capsys.readouterr().err == (f"token-proxy: error: --backend {given!r} names SGLang's {route} route, "
+                                       f"not the server: pass its root, --backend {root} (see token-proxy --help)\n")
+
+
+def test_a_backend_url_without_a_port_warns_naming_30000_as_json():
+    """Port 80 is used (a reverse proxy may be there) but said, in the configured format: the warning
+    comes before logging is configured and is written once it is."""
+    with socket.socket() as busy:  # start-up then ends at the port, after the warning
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _run(["--backend", "http://sglang-host", "--host", "127.0.0.1", "--port", str(port)])
+    assert result.returncode == 2
+    warning, error = _json_lines(result.stderr)
+    assert (warning["level"], warning["message"]) == (
+        "warning", ("--backend 'http://sglang-host' names no port: using port 80 (SGLang listens on 30000 unless "
+                   "started with --port; write http://sglang-host:30000 if that is where it is)"))
+    assert error["level"] == "error" and f"127.0.0.1:{port}" in error["message"]
+    assert parse_settings(["--backend", "https://sglang.example.com"], environ={}).backend_url == \
+        "https://sglang.example.com"  # https on 443: an ingress, no warning needed
+
+
+def test_health_hints_name_the_backend_url():
+    assert health_hint("HTTP status 404", "http://h:30000/prefix") == (
+        "HTTP status 404 for http://h:30000/prefix/health: no SGLang at this address (--backend must be SGLang's "
+        "root URL, e.g. http://HOST:30000, without a route such as /generate)")
+    assert health_hint("connection refused", "http://h") == (
+        "connection refused on port 80 (--backend http://h names no port; SGLang listens on 30000 unless "
+        "started with --port)")
+    assert health_hint("connection refused", "http://h:30000") == "connection refused"
+    assert health_hint("HTTP status 503", "http://h:30000") == "HTTP status 503"
+
+
+async def test_health_names_the_url_when_the_backend_is_not_sglang(aiohttp_server, aiohttp_client, tokenizer_dir):
+    from token_proxy.proxy.app import create_app
+    from token_proxy.settings import Settings
+
+    server = await aiohttp_server(web.Application())  # answers 404 to everything, /health included
+    url = str(server.make_url("/prefix"))
+    proxy = await aiohttp_client(create_app(Settings(backend_url=url, tokenizer=str(tokenizer_dir),
+                                                     backend_metrics_interval_s=0)))
+    message = ""
+    for _ in range(200):
+        message = (await (await proxy.get("/health")).json())["error"]["message"]
+        if "404" in message:
+            break
+        await asyncio.sleep(0.02)
+    assert message == (f"The proxy is not connected to SGLang at {url} yet: its /health: HTTP status 404 for "
+                       f"{url}/health: no SGLang at this address (--backend must be SGLang's root URL, e.g. "
+                       "http://HOST:30000, without a route such as /generate)")
+
+
+# --- the tokenizer -----------------------------------------------------------------------------------
+
+def test_an_empty_tokenizer_directory_is_refused_naming_the_model_directory(tmp_path):
+    result = _run(["--tokenizer", str(tmp_path), "--backend", "http://127.0.0.1:1", "--port", str(_free_port())])
+    assert result.returncode == 2
+    (line,) = _json_lines(result.stderr)
+    assert line["message"] == (f"token-proxy cannot start: the tokenizer directory '{tmp_path}' holds no tokenizer "
+                               "(no tokenizer.json, tokenizer_config.json or tokenizer.model): pass --tokenizer "
+                               "with the model's directory (the one SGLang's --model-path names)")
+    assert "sentencepiece" not in result.stderr
+
+
+def _start_sim(port: int) -> subprocess.Popen:
+    sim = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(400):
+        if _get(port, "/health")[0] == 200:
+            return sim
+        assert sim.poll() is None
+        time.sleep(0.05)
+    raise AssertionError("the simulator never became healthy")
+
+
+def test_an_unreachable_hub_tokenizer_is_blamed_and_its_retries_print_once(tmp_path):
+    """SGLang (the simulator) is up; the hub is not (HF_ENDPOINT: a closed loopback port). /health names
+    the tokenizer, not SGLang; huggingface_hub's retry lines come out once each, as JSON."""
+    sim_port, port, hub = _free_port(), _free_port(), _free_port()
+    sim = _start_sim(sim_port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_HOME=str(tmp_path), HF_ENDPOINT=f"http://127.0.0.1:{hub}", TOKEN_PROXY_LOG_FORMAT="json")
+    proc = subprocess.Popen([*CLI, "--backend", f"http://127.0.0.1:{sim_port}", "--tokenizer", "acme/no-such-model",
+                             "--host", "127.0.0.1", "--port", str(port), "--backend-metrics-interval", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        message = ""
+        for _ in range(600):
+            status, body = _get(port, "/health")
+            message = json.loads(body)["error"]["message"] if status == 503 else ""
+            if "tokenizer" in message:
+                break
+            assert proc.poll() is None
+            time.sleep(0.05)
+        assert message == (f"The proxy is loading the tokenizer 'acme/no-such-model' (SGLang at http://127.0.0.1:"
+                           f"{sim_port} is up): a Hugging Face hub id, downloaded unless cached (HF_HOME); with no "
+                           "network, mount the model directory and pass --tokenizer DIR")
+        time.sleep(3.5)  # huggingface_hub retries after 1 s, then 2 s
+    finally:
+        proc.kill()
+        sim.kill()
+        stderr = proc.communicate(timeout=10)[1].decode()
+    lines = _json_lines(stderr)
+    retries = [line["message"] for line in lines if "[Retry " in line["message"]]
+    assert retries[:2] == ["Retrying in 1s [Retry 1/5].", "Retrying in 2s [Retry 2/5]."]
+    assert {line["logger"] for line in lines if "[Retry " in line["message"]} == {"huggingface_hub.utils._http"}
+
+
+# --- SGLang lost and back, shutdown, the access line ----------------------------------------------------
+
+async def test_losing_sglang_and_getting_it_back_are_logged_once_each(make_sim, make_proxy, aiohttp_server, caplog,
+                                                                       tokenizer_dir):
+    from token_proxy.simulator import SimConfig, create_sim_app
+
+    sim = await make_sim()
+    proxy = await make_proxy(sim, backend_metrics_interval_s=0.05)
+    url = str(sim.make_url("")).rstrip("/")
+    caplog.set_level(logging.INFO, logger="token_proxy")
+
+    def lines():
+        return [r.getMessage() for r in caplog.records if r.name == "token_proxy.proxy.upstream.connection"
+                and r.getMessage().startswith(("lost SGLang", "SGLang at"))]
+
+    async def until(predicate):
+        for _ in range(300):
+            if predicate():
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(lines())
+
+    port = sim.port
+    await sim.close()
+    await until(lambda: any(line.startswith("lost SGLang") for line in lines()))
+    await asyncio.sleep(0.3)  # several failed reads: still one line
+    (lost,) = lines()
+    assert re.fullmatch(rf"lost SGLang: SGLang at {url} is unreachable: .+ \(requests get 503 until it "
+                        r"answers again\)", lost), lost
+    back = await aiohttp_server(create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir))), port=port)
+    await until(lambda: len(lines()) == 2)
+    assert re.fullmatch(rf"SGLang at {url} answers again \(after \d+ s unreachable\)", lines()[1]), lines()
+    assert back.port == port and proxy.app is not None
+
+
+def _dead_backend_run(tmp_path, *flags: str) -> list[dict]:
+    """The proxy in front of a closed port for a moment: one /v1/models (503, logged), then SIGTERM."""
+    port = _free_port()
+    proc = subprocess.Popen([*CLI, "--backend", f"http://127.0.0.1:{_free_port()}", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-format", "json", "--backend-metrics-interval", "0.05",
+                             *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(400):
+            _status, body = _get(port, "/v1/models")
+            if b"connection refused" in body:
+                break
+            assert proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)  # several /metrics reads of the closed port
+    finally:
+        proc.terminate()
+        stderr = proc.communicate(timeout=20)[1].decode()
+    assert proc.returncode == 0, stderr
+    return _json_lines(stderr)
+
+
+def test_a_closed_backend_port_logs_no_metrics_hint_and_shutdown_is_one_line(tmp_path):
+    lines = _dead_backend_run(tmp_path)
+    messages = [line.get("message", "") for line in lines]
+    assert not [m for m in messages if "--enable-metrics" in m or "/metrics" in m], messages
+    assert messages[-1] == ("token-proxy shutting down: not accepting; 0 requests in flight get up to 30 s "
+                            "(--shutdown-timeout)")
+    access = [line for line in lines if "request_id" in line]
+    assert [(a["path"], a["status"]) for a in access] and access[-1]["status"] == 503
+
+
+@pytest.mark.parametrize("flag", ["--disable-log-requests", "--disable-uvicorn-access-log"])
+def test_the_access_line_can_be_turned_off(tmp_path, flag):
+    lines = _dead_backend_run(tmp_path, flag)
+    assert not [line for line in lines if "request_id" in line]
+    assert any(line.get("message", "").startswith("token-proxy listening") for line in lines)
+    assert parse_settings([flag], environ={}).disable_log_requests is True
+    assert parse_settings([], environ={"TOKEN_PROXY_DISABLE_LOG_REQUESTS": "true"}).disable_log_requests is True
