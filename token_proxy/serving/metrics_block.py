@@ -36,14 +36,15 @@ BLOCK_TIMEOUT_S = 2.0
 
 
 class OwnerFamilies:
-    """The owner registry's families that only it produces."""
+    """The owner registry's families that only it produces (not vLLM's per-request ones, which the
+    workers count)."""
 
-    def __init__(self, registry):
-        self.registry = registry
+    def __init__(self, metrics):
+        self.registry, self.per_worker = metrics.registry, metrics.per_request_vllm
 
     def collect(self):
         for family in self.registry.collect():
-            if family.name.startswith(OWNER_FAMILIES):
+            if family.name.startswith(OWNER_FAMILIES) and family.name not in self.per_worker:
                 yield family
 
 
@@ -76,7 +77,7 @@ class ProcessTreeCollector:
 
 async def render_owner_block(app: web.Application) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(OwnerFamilies(app[METRICS].registry))
+    registry.register(OwnerFamilies(app[METRICS]))
     workers = app.get(WORKER_PIDS, [])
     registry.register(ProcessTreeCollector(lambda: [os.getpid(), *workers]))
     return generate_latest(registry)

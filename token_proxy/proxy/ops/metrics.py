@@ -201,6 +201,10 @@ class ProxyMetrics:
                                   "seconds.", vllm, buckets=VLLM_LATENCY_BUCKETS)
         self.vllm_success = counter("vllm:request_success", "Count of successfully processed requests.",
                                     [*vllm, "finished_reason"])
+        # vLLM's per-request families: every process counts its own requests (with --workers N, in the
+        # multiprocess files), unlike the vllm: view of SGLang's /metrics that the owner alone renders.
+        self.per_request_vllm = frozenset(m._name for m in (self.vllm_ttft, self.vllm_itl, self.vllm_tpot,
+                                                             self.vllm_e2e, self.vllm_success))
         self.model_name = ""  # the served model, once SGLang is known (start_vllm_series)
         self._seed_warned_at: float | None = None
         self._seeds_unwarned = 0
