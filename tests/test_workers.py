@@ -172,6 +172,10 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
         assert float(samples['token_proxy_completion_tokens_total{endpoint="/v1/completions"}']) == 2 * SPREAD
         types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
         assert len(types) == len(set(types)), "a family is rendered twice"
+        # vLLM's per-request families come from the workers (each request once), not the owner's block
+        (length,) = [v for k, v in samples.items()
+                     if k.startswith("vllm:request_success_total{") and 'finished_reason="length"' in k]
+        assert float(length) == SPREAD
         names = [line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"]
         for once in ("vllm:num_requests_running", "vllm:num_requests_waiting", "process_cpu_seconds_total",
                      "token_proxy_backend_metrics_up"):
