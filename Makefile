@@ -36,7 +36,7 @@ run: $(VENV)/.installed-run  ## the proxy; with no BACKEND it starts the built-i
 test: install
 	$(PY) -m pytest -q $(ARGS)
 
-image-test: install  ## the image built and run for real on a Docker engine (tests/test_image.py)
+image-test: install  ## the image built and run for real on a Docker engine (tests/serving/test_image.py)
 	PY=$(PY) deploy/image_test.sh $(ARGS)
 
 bench: install
