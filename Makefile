@@ -41,15 +41,17 @@ run: $(VENV)/.installed-run  ## the proxy; with no BACKEND it starts the built-i
 test: install
 	$(PY) -m pytest -q $(ARGS)
 
-image-test: install  ## the image built and run for real on a Docker engine (tests/test_image.py)
+image-test: install  ## the image built and run for real on a Docker engine (tests/serving/test_image.py)
 	PY=$(PY) deploy/image_test.sh $(ARGS)
 
 bench: install
 	$(PY) bench/bench_proxy.py $(ARGS)
 
+# ruff's rule set and import-linter's contracts live in pyproject.toml ([tool.ruff.lint], [tool.importlinter]).
 lint: install
-	$(PY) -m pip install -q ruff
+	$(PY) -m pip install -q 'ruff>=0.17.6'
 	$(VENV)/bin/ruff check token_proxy tests bench
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(VENV).lock .pytest_cache build *.egg-info

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make image-test`: the image built from deploy/Dockerfile and run for real (tests/test_image.py, marked
+# `make image-test`: the image built from deploy/Dockerfile and run for real (tests/serving/test_image.py, marked
 # `docker`). Gets a Docker engine first: starts dockerd when none answers (installing docker.io from the
 # Debian mirror if needed, as root), and, when the Dockerfile's base image can be neither found nor pulled
 # (no Docker Hub here), builds a stand-in from Debian packages with ../shared/docker/make_base_image.sh.
@@ -44,4 +44,4 @@ elif ! docker image inspect "$BASE" >/dev/null 2>&1 && ! timeout 60 docker pull 
     echo "image-test: $BASE cannot be pulled and $BASE_IMAGE_SCRIPT is not here"
   fi
 fi
-"$PY" -m pytest -q -p no:cacheprovider -m docker -s tests/test_image.py "$@"  # not exec: the trap stops dockerd
+"$PY" -m pytest -q -p no:cacheprovider -m docker -s tests/serving/test_image.py "$@"  # not exec: the trap stops dockerd

@@ -36,7 +36,7 @@ def make_sim(aiohttp_server, tokenizer_dir):
 
     async def factory(**overrides):
         # Deterministic inference by default: many tests compare seeded requests (SGLang ignores
-        # seeds without it, and the proxy then reports them unhonoured; tests/test_seed.py covers that).
+        # seeds without it, and the proxy then reports them unhonoured; tests/pipeline/test_seed.py covers that).
         overrides.setdefault("enable_deterministic_inference", True)
         config = SimConfig(tokenizer_path=str(tokenizer_dir), **overrides)
         return await aiohttp_server(create_sim_app(config))

@@ -1,0 +1,152 @@
+"""SkyRL's remote inference client against the proxy: the control-plane calls it makes to vLLM servers.
+
+Source: PyPI `skyrl` 0.3.0, skyrl/backends/skyrl_train/inference_servers/remote_inference_client.py,
+class RemoteInferenceClient. Its control plane is `_call_server` (session.request(method, url, json=json,
+params=params); body = resp.json() if resp.content_length; raise_for_status reads body["error"]["message"])
+fanned out over server_urls by `_call_all_servers`. Here server_urls is the proxy alone: one URL stands for
+every worker. The first test replays those calls verbatim (always runs); the second drives the client module
+itself, unmodified, when it is importable (`pip install --no-deps --target DIR skyrl==0.3.0`, then
+SKYRL_PATH=DIR): only skyrl/backends/__init__.py needs pydantic, so the package __init__s are bypassed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.admin.test_vllm_rl import fake_group  # noqa: F401 - fixture: weight-update groups without torch
+from tests.support.admin_fixtures import proxy_url
+from token_proxy.simulator import SIM_STATE
+from token_proxy.simulator.weight_routes import WEIGHTS
+
+META = {"names": ["model.norm.weight"], "dtype_names": ["bfloat16"], "shapes": [[8]]}
+
+
+@pytest.fixture
+async def skyrl_fleet(make_sim, make_proxy):
+    sims = [await make_sim(enable_memory_saver=True, enable_weights_cpu_backup=True) for _ in range(2)]
+    urls = tuple(str(s.make_url("")).rstrip("/") for s in sims)
+    proxy = await make_proxy(sims[0], workers=urls, admin_timeout_s=5.0)
+    return proxy, sims
+
+
+async def call_server(session, server_url, endpoint, json=None, method="POST", params=None):
+    """RemoteInferenceClient._call_server, verbatim but for its error type."""
+    async with session.request(method, f"{server_url}{endpoint}", json=json, params=params) as resp:
+        body = await resp.json() if resp.content_length else None
+        return resp.status, body
+
+
+async def test_skyrl_control_plane_calls_replayed_verbatim(skyrl_fleet, fake_group):  # noqa: F811
+    proxy, sims = skyrl_fleet
+    url = proxy_url(proxy)
+    async with aiohttp.ClientSession() as session:
+        # pause(): params {"mode": mode.value, "clear_cache": str(clear_cache).lower()}, default KEEP, False
+        assert await call_server(session, url, "/pause", params={"mode": "keep", "clear_cache": "false"}) == (
+            200, {"status": "paused"})
+        assert all(s.app[SIM_STATE].paused for s in sims)
+        # resume(): no body
+        assert await call_server(session, url, "/resume") == (200, {"status": "resumed"})
+        # sleep(level=2): params {"level": str(level)}
+        assert await call_server(session, url, "/sleep", params={"level": "2"}) == (
+            200, {"status": "sleeping", "level": 2})
+        # worker_dispatch.py: wake_up(tags=["weights"]) -> broadcast -> wake_up(tags=["kv_cache"])
+        assert await call_server(session, url, "/wake_up", params={"tags": ["weights"]}) == (
+            200, {"status": "sleeping", "tags": ["weights"]})
+        assert await call_server(session, url, "/wake_up", params={"tags": ["kv_cache"]}) == (
+            200, {"status": "sleeping", "tags": ["kv_cache"]})  # cuda_graph is still released
+        assert await call_server(session, url, "/wake_up") == (200, {"status": "awake", "tags": None})
+        # reset_prefix_cache(): the flag goes in a JSON body, which vLLM (and the proxy) ignore
+        assert await call_server(session, url, "/reset_prefix_cache", {"reset_running_requests": False}) == (
+            200, {"success": True})
+        # get_world_size(): GET with json {}
+        assert await call_server(session, url, "/get_world_size", {}, method="GET") == (200, {"world_size": 2})
+        # init_weight_update_communicator(): {"init_info": BroadcastInitInfo.to_api_payload()} per server
+        init = {"master_address": "127.0.0.1", "master_port": 29533, "rank_offset": 1, "world_size": 3}
+        assert await call_server(session, url, "/init_weight_transfer_engine", {"init_info": init}) == (
+            200, {"message": "Weight transfer initialized"})
+        # update_named_weights(): {"update_info": update_info}
+        assert await call_server(session, url, "/update_weights", {"update_info": META}) == (
+            200, {"message": "Weights updated"})
+        # start_weight_update() / finish_weight_update(): /collective_rpc with SkyRL's worker-extension methods
+        rpc = {"method": "skyrl_start_weight_update", "kwargs": {"is_checkpoint_format": True}}
+        assert await call_server(session, url, "/collective_rpc", rpc) == (200, {"results": [None, None]})
+        assert await call_server(session, url, "/collective_rpc", {"method": "skyrl_finish_weight_update"}) == (
+            200, {"results": [None, None]})
+        # update_weights_nccl(): broadcast_strategy.py sends {**weight_metadata, "packed": True}: SGLang cannot
+        nccl = {"method": "update_weights_nccl", "kwargs": {"update_info": {**META, "packed": True}}}
+        status, body = await call_server(session, url, "/collective_rpc", nccl)
+        assert status == 501 and "packed buffers" in body["error"]["message"]
+    assert [[u["names"] for u in s.app[WEIGHTS].updates] for s in sims] == [[META["names"]]] * 2
+
+
+def load_skyrl_client():
+    """remote_inference_client.py as shipped, with the package __init__s (pydantic, torch) skipped."""
+    root = os.environ.get("SKYRL_PATH")
+    if not root or not (Path(root) / "skyrl").is_dir():
+        pytest.skip("SkyRL is not installed here (pip install --no-deps --target DIR skyrl==0.3.0; SKYRL_PATH=DIR)")
+    sys.path.insert(0, root)
+    for name in ("skyrl", "skyrl.backends", "skyrl.backends.skyrl_train",
+                 "skyrl.backends.skyrl_train.inference_servers"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(Path(root, *name.split(".")))]
+            sys.modules[name] = package
+    return importlib.import_module("skyrl.backends.skyrl_train.inference_servers.remote_inference_client")
+
+
+@dataclass
+class InitInfo:
+    """BroadcastInitInfo's for_servers / to_api_payload (weight_sync/broadcast_strategy.py imports torch)."""
+
+    master_addr: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+
+    def for_servers(self, world_size_per_server, num_servers, dp_size=1):
+        out, offset = [], self.rank_offset
+        for i in range(num_servers):
+            out.append(replace(self, rank_offset=offset))
+            if (i + 1) % dp_size == 0:
+                offset += world_size_per_server
+        return out
+
+    def to_api_payload(self):
+        return {"master_address": self.master_addr, "master_port": self.master_port,
+                "rank_offset": self.rank_offset, "world_size": self.world_size}
+
+
+async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group):  # noqa: F811
+    module = load_skyrl_client()
+    proxy, _ = skyrl_fleet
+    url = proxy_url(proxy)
+    client = module.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1)
+    try:
+        assert await client.pause() == {url: {"status": 200, "body": {"status": "paused"}}}
+        assert await client.resume() == {url: {"status": 200, "body": {"status": "resumed"}}}
+        assert await client.sleep() == {url: {"status": 200, "body": {"status": "sleeping", "level": 2}}}
+        assert (await client.wake_up(tags=["weights"]))[url]["body"] == {"status": "sleeping", "tags": ["weights"]}
+        assert (await client.wake_up())[url]["body"] == {"status": "awake", "tags": None}
+        assert (await client.reset_prefix_cache())[url]["body"] == {"success": True}
+        assert await client.get_world_size() == (2, 2)
+        init = InitInfo("127.0.0.1", 29534, 1, 3)
+        assert (await client.init_weight_update_communicator(init))[url]["body"] == {
+            "message": "Weight transfer initialized"}
+        assert [j["rank"] for j in fake_group] == [1, 2]
+        assert (await client.update_named_weights(META))[url]["body"] == {"message": "Weights updated"}
+        assert (await client.start_weight_update())[url]["body"] == {"results": [None, None]}
+        assert (await client.finish_weight_update())[url]["body"] == {"results": [None, None]}
+        with pytest.raises(aiohttp.ClientResponseError) as refused:
+            await client.update_weights_nccl({**META, "packed": True})
+        assert refused.value.status == 501 and "packed buffers" in refused.value.message
+    finally:
+        if client._session is not None:
+            await client._session.close()

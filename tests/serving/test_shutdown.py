@@ -1,0 +1,106 @@
+"""SIGTERM: the proxy stops accepting, lets in-flight requests finish within its deadline (aborting
+the rest in SGLang), closes its SGLang session and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+
+from tests.support.admin_fixtures import free_port
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, path: str = "/health") -> None:
+    for _ in range(600):
+        assert proc.poll() is None, f"{proc.args} exited early"
+        try:
+            with urllib.request.urlopen(url + path, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} never became healthy")
+
+
+@pytest.fixture
+def servers(tokenizer_dir):
+    """A simulator and a proxy in front of it, as real processes on loopback."""
+    started = []
+
+    def start(shutdown_timeout: float):
+        sim_port, proxy_port = free_port(), free_port()
+        sim = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(sim_port),
+                                "--tokenizer", str(tokenizer_dir), "--tpot-ms", "20"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started.append(sim)
+        wait_healthy(f"http://127.0.0.1:{sim_port}", sim)
+        proxy = subprocess.Popen([sys.executable, "-m", "token_proxy", "--backend", f"http://127.0.0.1:{sim_port}",
+                                  "--host", "127.0.0.1", "--port", str(proxy_port), "--tokenizer",
+                                  str(tokenizer_dir), "--shutdown-timeout", str(shutdown_timeout),
+                                  "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started.append(proxy)
+        # The proxy's port opens at once; /v1/models answers 200 once it can serve.
+        wait_healthy(f"http://127.0.0.1:{proxy_port}", proxy, "/v1/models")
+        return f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}", proxy
+
+    yield start
+    for proc in started:
+        proc.kill()
+
+
+async def stream(url: str, max_tokens: int) -> bytes:
+    body = {"messages": USER, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        try:
+            return await resp.read()
+        except aiohttp.ClientPayloadError:
+            return b"<cut>"
+
+
+def sim_running(sim: str) -> int:
+    with urllib.request.urlopen(sim + "/get_load", timeout=2) as resp:
+        return sum(item["num_reqs"] for item in json.load(resp))
+
+
+async def until_running(sim: str, count: int, within_s: float = 20) -> None:
+    deadline = time.monotonic() + within_s
+    while await asyncio.to_thread(sim_running, sim) != count:
+        assert time.monotonic() < deadline, f"the simulator never ran {count} request(s)"
+        await asyncio.sleep(0.05)
+
+
+async def test_sigterm_lets_in_flight_streams_finish_then_exits_zero(servers):
+    sim, proxy_url, proxy = servers(shutdown_timeout=10.0)
+    task = asyncio.ensure_future(stream(proxy_url, 60))  # ~1.2 s of tokens
+    await until_running(sim, 1)
+    proxy.send_signal(signal.SIGTERM)
+    raw = await task
+    assert raw.endswith(b"data: [DONE]\n\n")
+    assert b'"finish_reason":"length"' in raw
+    assert await asyncio.to_thread(proxy.wait, 15) == 0
+    with pytest.raises(OSError):  # no longer accepting
+        await asyncio.to_thread(urllib.request.urlopen, proxy_url + "/health", timeout=1)
+
+
+async def test_sigterm_deadline_aborts_what_is_left_in_sglang(servers):
+    sim, proxy_url, proxy = servers(shutdown_timeout=0.5)
+    task = asyncio.ensure_future(stream(proxy_url, 2000))  # ~40 s of tokens: outlives the deadline
+    await until_running(sim, 1)
+    proxy.send_signal(signal.SIGTERM)
+    await task
+    assert await asyncio.to_thread(proxy.wait, 15) == 0
+    for _ in range(50):
+        if sim_running(sim) == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert sim_running(sim) == 0

@@ -1,0 +1,58 @@
+"""The Makefile and CI as a newcomer meets them: `make run` and `make test` side by side, CI running the
+README's command without torch first, and lower bounds that are really tested."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def dry_run(target: str, tmp_path) -> str:
+    venv = tmp_path / "venv"
+    result = subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={venv}"], capture_output=True,
+                            text=True, check=False, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_make_run_installs_only_runtime_dependencies_and_says_so(tmp_path):
+    commands = dry_run("run", tmp_path)
+    installs = [line for line in commands.splitlines() if "pip install" in line]
+    assert installs and all("[test" not in line and "bench" not in line for line in installs)
+    assert re.search(r"echo .*installing", commands)
+
+
+def test_make_run_and_make_test_install_under_one_lock(tmp_path):
+    for target in ("run", "test"):
+        commands = dry_run(target, tmp_path)
+        install = next(line for line in commands.splitlines() if "fcntl" in line)
+        assert "flock" in install and f"{tmp_path / 'venv'}.lock" in install and "-m venv" in install
+
+
+def test_ci_runs_the_readme_command_without_torch_before_the_torch_tests():
+    commands = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.strip().startswith("#")]
+    make_test = commands.index("make test")
+    torch = next(i for i, line in enumerate(commands) if "torch==" in line and "pip install" in line)
+    assert make_test < torch
+    assert any(line.startswith("make clean") for line in commands[:make_test])  # a fresh .venv
+
+
+def test_lower_bounds_are_the_floors_of_pyproject():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    floors = {}
+    for requirement in project["dependencies"]:
+        name, floor = re.match(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement).groups()
+        floors[name.lower()] = floor
+    pins = dict(line.split("==") for line in (ROOT / ".ci" / "lower-bounds.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert {name: version.removesuffix(".0") for name, version in pins.items()} == \
+        {name: version.removesuffix(".0") for name, version in floors.items()}

@@ -1,0 +1,325 @@
+"""`token-proxy --workers 2` as real processes, with the built-in simulator (started once).
+
+One proxy serves the whole module (start-up is the slow part); the SIGTERM test comes last and ends it.
+Every request opens a fresh connection, so the kernel's SO_REUSEPORT hash spreads them over workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.admin_fixtures import free_port
+from tests.support.lora_fixtures import write_adapter
+
+USER = [{"role": "user", "content": "hi"}]
+SPREAD = 16  # requests per check: all on one of 2 workers has odds 2 x 2^-16
+
+
+class Proxy:
+    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
+        self.proc, self.url, self.log = proc, url, log
+
+    def lines(self) -> list[str]:
+        """Whole lines only: a line a worker is writing right now is not read half-way."""
+        text = self.log.read_text()
+        return text[:text.rfind("\n") + 1].splitlines()
+
+    def access(self) -> list[dict]:
+        return [line for line in map(json.loads, self.lines()) if "endpoint" in line and "request_id" in line]
+
+    def workers_of(self, request_ids, wait: float = 5.0) -> set[int]:
+        """The workers that served these requests, from their access lines. A worker writes the line
+        after the response's last byte, so a client can hold the whole reply first: wait for every line."""
+        wanted = set(request_ids)
+        deadline = time.monotonic() + wait
+        while True:
+            found = {line["request_id"]: line["worker"] for line in self.access() if line["request_id"] in wanted}
+            if len(found) == len(wanted) or time.monotonic() > deadline:
+                assert set(found) == wanted, f"no access line for {sorted(wanted - set(found))}"
+                return set(found.values())
+            time.sleep(0.05)
+
+    @property
+    def sim_url(self) -> str:
+        for line in self.lines():
+            found = re.search(r"starting the built-in SGLang simulator on (127\.0\.0\.1:\d+)", line)
+            if found:
+                return "http://" + found.group(1)
+        raise AssertionError("no simulator line")
+
+
+async def call(method: str, url: str, **kwargs) -> tuple[int, dict | str]:
+    """One request on its own connection."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
+            session.request(method, url, timeout=aiohttp.ClientTimeout(total=30), **kwargs) as resp:
+        text = await resp.text()
+    try:
+        return resp.status, json.loads(text)
+    except ValueError:
+        return resp.status, text
+
+
+async def chat(proxy: Proxy, model: str | None = None, max_tokens: int = 3, **extra) -> dict:
+    body = {"messages": USER, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+    if model:
+        body["model"] = model
+    status, reply = await call("POST", proxy.url + "/v1/chat/completions", json=body)
+    assert status == 200, reply
+    return reply
+
+
+async def stream(proxy: Proxy, tokens: int, model: str | None = None) -> tuple[str, bytes]:
+    body = {"messages": USER, "max_tokens": tokens, "ignore_eos": True, "stream": True}
+    if model:
+        body["model"] = model
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
+            session.post(proxy.url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        return resp.headers["X-Request-Id"], await resp.read()
+
+
+def children(pid: int) -> dict[int, str]:
+    """pid -> command line of each child of `pid`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def proxy(tokenizer_dir, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("workers") / "stderr.log"
+    with open(log, "ab") as sink:  # O_APPEND: every process's whole-line writes land whole
+        proc = subprocess.Popen([sys.executable, "-m", "token_proxy", "--workers", "2", "--host", "127.0.0.1",
+                                 "--port", str(port), "--tokenizer", str(tokenizer_dir), "--sim-tpot-ms", "20",
+                                 "--log-format", "json", "--shutdown-timeout", "10",
+                                 "--backend-metrics-interval", "0.5"],
+                                stdout=sink, stderr=sink)
+    server = Proxy(proc, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 90
+    ready = 0
+    while ready < 8:  # both workers ready: 8 fresh connections in a row answer
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        try:
+            status, _ = asyncio.run(call("GET", server.url + "/v1/models"))
+        except (aiohttp.ClientError, OSError):
+            status = 0
+        ready = ready + 1 if status == 200 else 0
+        if status != 200:
+            time.sleep(0.2)
+    yield server
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM first: a killed supervisor would leave the simulator behind."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_busy_port_fails_at_once_even_for_another_workers_proxy(proxy):
+    port = proxy.url.rsplit(":", 1)[1]
+    done = subprocess.run([sys.executable, "-m", "token_proxy", "--workers", "2", "--host", "127.0.0.1",
+                           "--port", port, "--backend", "http://127.0.0.1:9"], capture_output=True, timeout=30,
+                          check=False)
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr.decode()
+
+
+def test_the_simulator_starts_once_and_two_workers_serve(proxy):
+    kids = list(children(proxy.proc.pid).values())
+    assert len([k for k in kids if "-m token_proxy.simulator" in k]) == 1, kids
+    assert len([k for k in kids if "-m token_proxy.serving.worker" in k]) == 2, kids
+
+
+async def test_requests_spread_over_both_workers_and_metrics_count_each_once(proxy):
+    ids = []
+    for _ in range(SPREAD):
+        status, reply = await call("POST", proxy.url + "/v1/completions",
+                                   json={"prompt": "hello", "max_tokens": 2, "ignore_eos": True})
+        assert status == 200, reply
+        ids.append(reply["id"])
+    assert proxy.workers_of(ids) == {0, 1}
+    await asyncio.sleep(1.0)  # one backend scrape (0.5 s) for the vllm: view
+    for _ in range(6):  # whichever worker answers: one total, every family once
+        status, text = await call("GET", proxy.url + "/metrics")
+        assert status == 200
+        samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        key = 'token_proxy_requests_total{endpoint="/v1/completions",status="200",stream="false"}'
+        assert float(samples[key]) == SPREAD
+        assert float(samples['token_proxy_completion_tokens_total{endpoint="/v1/completions"}']) == 2 * SPREAD
+        types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
+        assert len(types) == len(set(types)), "a family is rendered twice"
+        # vLLM's per-request families come from the workers (each request once), not the owner's block
+        (length,) = [v for k, v in samples.items()
+                     if k.startswith("vllm:request_success_total{") and 'finished_reason="length"' in k]
+        assert float(length) == SPREAD
+        names = [line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"]
+        for once in ("vllm:num_requests_running", "vllm:num_requests_waiting", "process_cpu_seconds_total",
+                     "token_proxy_backend_metrics_up"):
+            assert names.count(once) == 1, once
+        assert float(samples['token_proxy_backend_metrics_up']) == 1.0
+
+
+async def test_session_metrics_are_one_total_across_workers(proxy):
+    """The session store is per worker (a turn on another worker falls back to a full render); its
+    collector's counters are mirrored into the multiprocess files, so /metrics sums them."""
+    for n in range(SPREAD):
+        status, reply = await call("POST", proxy.url + "/v1/chat/completions", headers={"X-Session-ID": f"s{n}"},
+                                   json={"messages": USER, "max_tokens": 2, "ignore_eos": True})
+        assert status == 200, reply
+    await asyncio.sleep(1.5)  # every worker's mirror interval (1 s)
+    for _ in range(4):
+        _, text = await call("GET", proxy.url + "/metrics")
+        samples = [line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("token_proxy_session_")]
+        turns = sum(float(v) for k, v in samples if k.startswith(("token_proxy_session_hits_total",
+                                                                 "token_proxy_session_fallbacks_total")))
+        assert turns == SPREAD, samples
+        assert float(dict(samples)["token_proxy_session_active"]) == SPREAD
+
+
+async def test_pause_through_one_worker_holds_requests_on_every_worker(proxy):
+    status, reply = await call("POST", proxy.url + "/pause")
+    assert (status, reply) == (200, {"status": "paused"})
+    try:
+        for _ in range(6):  # the owner's state, whichever worker asks
+            assert await call("GET", proxy.url + "/is_paused") == (200, {"is_paused": True})
+        held = [asyncio.ensure_future(chat(proxy)) for _ in range(SPREAD)]
+        await asyncio.sleep(1.0)
+        assert not any(task.done() for task in held)  # SGLang (the simulator) holds them
+    finally:
+        status, reply = await call("POST", proxy.url + "/resume")
+        assert (status, reply) == (200, {"status": "resumed"})
+    replies = await asyncio.wait_for(asyncio.gather(*held), 30)
+    assert proxy.workers_of(r["id"] for r in replies) == {0, 1}
+    assert await call("GET", proxy.url + "/is_paused") == (200, {"is_paused": False})
+
+
+async def test_the_owners_internal_routes_are_not_reachable_through_a_worker(proxy):
+    for _ in range(4):
+        status, reply = await call("POST", proxy.url + "/_internal/adapters",
+                                   json={"worker": 0, "seq": 10**9, "seen": 0, "held": []})
+        assert status == 404, reply
+        assert reply["error"]["type"] == "NotFoundError"
+
+
+async def test_lora_loaded_through_one_worker_is_sampled_through_both(proxy, tmp_path):
+    status, reply = await call("POST", proxy.url + "/v1/load_lora_adapter",
+                               json={"lora_name": "policy", "lora_path": str(write_adapter(tmp_path, "step_1"))})
+    assert status == 200, reply
+    replies = []
+    for _ in range(SPREAD):  # a worker learns the map from the owner's long-poll reply
+        replies.append(await chat(proxy, "policy"))
+    assert {r["model"] for r in replies} == {"policy"}
+    assert proxy.workers_of(r["id"] for r in replies) == {0, 1}
+    for _ in range(4):
+        status, models = await call("GET", proxy.url + "/v1/models")
+        assert [card["id"] for card in models["data"]][1:] == ["policy"]
+
+
+async def sim_adapters(proxy: Proxy) -> set[str]:
+    status, models = await call("GET", proxy.sim_url + "/v1/models")
+    assert status == 200
+    return {card["id"] for card in models["data"]}
+
+
+async def test_a_reloaded_adapter_stays_in_sglang_until_every_worker_is_done_with_it(proxy, tmp_path):
+    status, reply = await call("POST", proxy.url + "/v1/load_lora_adapter",
+                               json={"lora_name": "actor", "lora_path": str(write_adapter(tmp_path, "a1"))})
+    assert status == 200, reply
+    assert "actor@v1" in await sim_adapters(proxy)
+    await chat(proxy, "actor")
+    # Streams on v1 on both workers (~2.4 s each; SPREAD of them, so both workers get some), then an
+    # in-place reload to v2 through some worker.
+    streams = [asyncio.ensure_future(stream(proxy, 120, "actor")) for _ in range(SPREAD)]
+    await asyncio.sleep(0.4)
+    status, reply = await call("POST", proxy.url + "/load_lora_adapter",
+                               json={"lora_name": "actor", "lora_path": str(write_adapter(tmp_path, "a2"))})
+    assert status == 200, reply
+    assert (await chat(proxy, "actor"))["model"] == "actor"
+    await asyncio.sleep(0.3)
+    assert not all(task.done() for task in streams)
+    assert {"actor@v1", "actor@v2"} <= await sim_adapters(proxy)  # v1 still leased by a worker
+    results = await asyncio.wait_for(asyncio.gather(*streams), 30)
+    for _, raw in results:
+        assert raw.endswith(b"data: [DONE]\n\n") and b'"error"' not in raw
+    assert proxy.workers_of(rid for rid, _ in results) == {0, 1}
+    for _ in range(50):  # the last release reaches the owner, which unloads v1
+        if "actor@v1" not in await sim_adapters(proxy):
+            break
+        await asyncio.sleep(0.1)
+    assert "actor@v1" not in await sim_adapters(proxy)
+    assert "actor@v2" in await sim_adapters(proxy)
+
+
+def test_every_log_line_is_one_whole_json_object(proxy):
+    lines = proxy.lines()
+    assert len(proxy.access()) >= 3 * SPREAD
+    for line in lines:
+        assert isinstance(json.loads(line), dict), line
+
+
+async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
+    kids = children(proxy.proc.pid)
+    assert len(kids) == 3
+    streams = [asyncio.ensure_future(stream(proxy, 50)) for _ in range(8)]  # ~1 s of tokens each
+    await asyncio.sleep(0.4)
+    assert not any(task.done() for task in streams)
+    proxy.proc.send_signal(signal.SIGTERM)
+    results = await asyncio.wait_for(asyncio.gather(*streams), 30)
+    for _, raw in results:
+        assert raw.endswith(b"data: [DONE]\n\n")
+        assert raw.count(b'"finish_reason":"length"') == 1
+    assert proxy.workers_of(rid for rid, _ in results) == {0, 1}
+    assert await asyncio.to_thread(proxy.proc.wait, 30) == 0
+    assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()]  # workers and simulator ended
+    with pytest.raises((aiohttp.ClientError, OSError)):
+        await call("GET", proxy.url + "/health")
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"token-proxy-{proxy.proc.pid}-*"))  # run dir
+
+
+def test_a_worker_that_dies_ends_the_whole_proxy(tokenizer_dir, tmp_path):
+    port = free_port()
+    log = tmp_path / "stderr.log"
+    with open(log, "ab") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "token_proxy", "--workers", "2", "--host", "127.0.0.1",
+                                 "--port", str(port), "--tokenizer", str(tokenizer_dir), "--log-format", "json"],
+                                stdout=sink, stderr=sink)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children(proc.pid)) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        kids = children(proc.pid)
+        worker = next(pid for pid, cmd in kids.items() if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1")
+        os.kill(worker, signal.SIGKILL)
+        assert proc.wait(30) == 1
+        assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()]
+        errors = [line["message"] for line in map(json.loads, log.read_text().splitlines())
+                  if line.get("level") == "error"]
+        assert errors == [f"worker 1 (pid {worker}) exited with status -9: stopping the proxy"]
+    finally:
+        stop(proc)
