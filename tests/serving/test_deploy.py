@@ -157,7 +157,7 @@ def test_makefile_says_when_the_compose_plugin_is_missing(tmp_path, target):
 
 
 def docker_run_recipes(readme: Path = DEPLOY / "README.md") -> list[list[str]]:
-    """The `docker run` commands a README shows (tests/test_image.py runs deploy/README's for real)."""
+    """The `docker run` commands a README shows (tests/serving/test_image.py runs deploy/README's for real)."""
     blocks = re.findall(r"```\n(docker run .*?)```", readme.read_text(), re.DOTALL)
     return [shlex.split(block.replace("\\\n", " ")) for block in blocks]
 

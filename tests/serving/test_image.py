@@ -24,9 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from admin_fixtures import free_port
-from test_deploy import docker_run_recipes
-from test_proxy_chat import CHOICE_KEYS, GOLDEN_PROMPT_IDS, TOP_KEYS, USER
+
+from tests.api.test_proxy_chat import CHOICE_KEYS, GOLDEN_PROMPT_IDS, TOP_KEYS, USER
+from tests.serving.test_deploy import docker_run_recipes
+from tests.support.admin_fixtures import free_port
 
 pytestmark = pytest.mark.docker
 

@@ -104,7 +104,7 @@ def structured_outputs(constraint: tuple[str, str] | None) -> dict | None:
     if constraint is None:
         return None
     key, value = constraint
-    out: dict[str, object] = {name: None for name in _STRUCTURED_FIELDS}
+    out: dict[str, object] = dict.fromkeys(_STRUCTURED_FIELDS)
     out["disable_any_whitespace"] = out["disable_additional_properties"] = False
     field = _STRUCTURED_FIELD[key]
     out[field] = orjson.loads(value) if field == "json" else value

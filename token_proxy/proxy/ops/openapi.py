@@ -3,7 +3,7 @@
 The request schemas mirror the validators in token_proxy/schemas (types, ranges, required
 fields), so a body the schema accepts is one the proxy takes, and one it refuses gets a 4xx.
 Once SGLang is known, the served model name, the vocabulary size and the context length are
-filled in, which lets fuzzers (tests/test_fuzz.py runs schemathesis) aim at real limits.
+filled in, which lets fuzzers (tests/api/test_fuzz.py runs schemathesis) aim at real limits.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from token_proxy.schemas.sampling import SamplingRequest
 from token_proxy.simulator import SIM_STATE
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
-# The rendering real SGLang 0.5.17 saw for USER (tests/test_proxy_chat.py: GOLDEN_PROMPT_IDS).
+# The rendering real SGLang 0.5.17 saw for USER (tests/api/test_proxy_chat.py: GOLDEN_PROMPT_IDS).
 GOLDEN_PROMPT_IDS = [151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198, 151644, 77091, 198]
 # vLLM 0.33's GenerateRequest fields, in its order (scale_out/token_in_token_out/protocol.py).
 KEYS = ["request_id", "token_ids", "token_offsets", "features", "content_parts", "sampling_params", "model",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-from admin_fixtures import until
 
+from tests.support.admin_fixtures import until
 from token_proxy.proxy.admin.workers import ADMIN
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.config import VERSIONS
@@ -28,7 +28,7 @@ VLLM_META = {"names": ["model.norm.weight", "lm_head.weight"], "dtype_names": ["
 
 
 class FakeTensor:
-    """What the simulator's receive hands back, without torch (tests/test_broadcast.py receives for real)."""
+    """What the simulator's receive hands back, without torch (tests/admin/test_broadcast.py receives for real)."""
 
     def __init__(self, shape):
         self.shape = tuple(shape)

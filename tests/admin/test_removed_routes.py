@@ -8,8 +8,8 @@ import asyncio
 
 import orjson
 import pytest
-from admin_fixtures import until
 
+from tests.support.admin_fixtures import until
 from token_proxy.proxy.admin.removed_routes import get_load_items
 from token_proxy.simulator import SIM_STATE, info, params
 from token_proxy.simulator.config import VERSIONS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-spec = importlib.util.spec_from_file_location("sglang_audit", Path(__file__).parents[1] / "bench" / "sglang_audit.py")
+spec = importlib.util.spec_from_file_location("sglang_audit", Path(__file__).parents[2] / "bench" / "sglang_audit.py")
 audit = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(audit)
 
