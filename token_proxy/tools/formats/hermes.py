@@ -9,12 +9,25 @@ whole output as content; a replayable stream cannot take back what it already se
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 from token_proxy.tools.calls import FunctionCall, IdFactory, vllm_call_id
-from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments, first_json, held_back
+from token_proxy.tools.formats.json_prefix import stable_dump
+from token_proxy.tools.formats.scan import (
+    CallProgress,
+    Scan,
+    content_before,
+    dump_arguments,
+    first_json,
+    held_back,
+)
 
 START, END = "<tool_call>", "</tool_call>"
+# The head of an open call: name first, then arguments, as Hermes / Qwen templates write them
+# (vLLM's streaming parser also waits for `"name": "..."` and then streams what follows `"arguments":`).
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')
 
 
 def call_from_json(body: str) -> FunctionCall | None:
@@ -55,3 +68,25 @@ class HermesFormat:
         content = content_before(text, text.find(START), final, (START,))
         calls = [call_from_json(body) for body in tagged_regions(text, START, END, final)]
         return Scan(content, [call for call in calls if call is not None])
+
+    def progress(self, text: str, final: bool, tools: list | None) -> list[CallProgress]:
+        """Each `<tool_call>` region with a known name: complete ones parsed (as `scan`), the open
+        one's arguments as far as they are fixed. A later call waits for an earlier name."""
+        calls, pos = [], 0
+        while (start := text.find(START, pos)) >= 0:
+            body_start = start + len(START)
+            end = text.find(END, body_start)
+            body = text[body_start:] if end < 0 else text[body_start:end]
+            if end < 0:
+                body = body[: len(body) - held_back(body, (END,))]
+            call = call_from_json(body)
+            if call is not None:
+                calls.append(CallProgress(call.name, call.arguments))
+            elif (head := _HEAD.match(body)) is not None:
+                calls.append(CallProgress(json.loads(head[1]), stable_dump(body[head.end():], final)[0]))
+            elif end < 0:
+                break  # its name is still arriving
+            if end < 0:
+                break
+            pos = end + len(END)
+        return calls

@@ -21,11 +21,13 @@ import re
 from dataclasses import dataclass
 
 from token_proxy.tools.calls import FunctionCall, IdFactory, vllm_call_id
-from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments
+from token_proxy.tools.formats.scan import CallProgress, Scan, content_before, dump_arguments, held_back
 
 TOOL_START, FUNC_PREFIX, FUNC_END = "<tool_call>", "<function=", "</function>"
 _FUNCTION = re.compile(r"<function=(.*?)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=(.*?)(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
+PARAM_END, PARAM_PREFIX = "</parameter>", "<parameter="
+_STRING_KINDS = ("string", "str", "text", "varchar", "char", "enum")
 
 
 def _param_types(name: str, tools: list | None) -> dict:
@@ -62,7 +64,7 @@ def convert_value(value: str, schema: object, known: bool) -> object:
         return value
     kind = _schema_type(schema)
     try:
-        if kind in ("string", "str", "text", "varchar", "char", "enum"):
+        if kind in _STRING_KINDS:
             return value
         if kind.startswith(("int", "uint", "long", "short", "unsigned")):
             return int(value)
@@ -113,3 +115,63 @@ class Qwen3CoderFormat:
             return Scan(content)
         calls = [_call(body, tools) for body in _FUNCTION.findall(text, start)]
         return Scan(content, [call for call in calls if call is not None])
+
+    def progress(self, text: str, final: bool, tools: list | None) -> list[CallProgress]:
+        """Each `<function=NAME>` region: complete ones parsed (as `scan`), the open one's arguments
+        as far as they are fixed (see _open_arguments)."""
+        calls = []
+        pos = text.find(FUNC_PREFIX)
+        while pos >= 0:
+            body_start = pos + len(FUNC_PREFIX)
+            end = text.find(FUNC_END, body_start)
+            if end < 0:
+                body = text[body_start:]
+                body = body[: len(body) - held_back(body, (FUNC_END,))]
+                if ">" in body:
+                    name, params_text = body.split(">", 1)
+                    calls.append(CallProgress(name, _open_arguments(name, params_text, tools)))
+                break
+            call = _call(text[body_start:end], tools)
+            if call is not None:
+                calls.append(CallProgress(call.name, call.arguments))
+            pos = text.find(FUNC_PREFIX, end + len(FUNC_END))
+        return calls
+
+
+def _open_arguments(name: str, params_text: str, tools: list | None) -> str:
+    """The fixed head of json.dumps(arguments) while `</function>` has not come.
+
+    Closed parameters are converted as `_call` converts them. The open one gives its key, and
+    its value only where the value is a string whatever comes (the schema says string, or the
+    parameter is not in it): then its text so far is final, except a trailing newline (dropped at
+    the end), a marker's beginning, and a value that may still read "null" (which becomes null).
+    Other values (numbers, objects, ...) are sent once closed, as vLLM's Qwen3 parser does.
+    """
+    types = _param_types(name, tools)
+    closed: dict = {}
+    open_key, open_value = None, None
+    for match in _PARAMETER.finditer(params_text):
+        param_text = match[1]
+        if not match[0].endswith(PARAM_END) and not params_text.startswith(PARAM_PREFIX, match.end()):
+            param_text = params_text[match.start() + len(PARAM_PREFIX):]  # all of it: `$` stops before a last \n
+            if ">" in param_text:
+                open_key, open_value = param_text.split(">", 1)
+            break
+        if ">" in param_text:
+            param, value = param_text.split(">", 1)
+            closed[param] = convert_value(value.removeprefix("\n").removesuffix("\n"), types.get(param),
+                                          param in types)
+    if not closed and open_key is None:
+        return ""
+    head = dump_arguments(closed)[:-1]
+    if open_key is None:
+        return head
+    head += (", " if closed else "") + dump_arguments(open_key) + ": "
+    if open_key in types and _schema_type(types[open_key]) not in _STRING_KINDS:
+        return head
+    value = open_value.removeprefix("\n")
+    # Up to two newlines go at the end: one before `$` (a value closed by `</function>`), one removed.
+    value = value[: len(value) - held_back(value, (PARAM_END, PARAM_PREFIX))].removesuffix("\n").removesuffix("\n")
+    if "null".startswith(value.lower()):
+        return head
+    return head + dump_arguments(value)[:-1]
