@@ -25,9 +25,11 @@ from token_proxy.tools.formats.scan import (
 )
 
 START, END = "<tool_call>", "</tool_call>"
-# The head of an open call: name first, then arguments, as Hermes / Qwen templates write them
-# (vLLM's streaming parser also waits for `"name": "..."` and then streams what follows `"arguments":`).
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:')
+# An open call's head: name first, then arguments, as Hermes / Qwen templates write them. As vLLM's
+# streaming parser: the header once `"name": "..."` is complete, then what follows `"arguments":`
+# (arguments written before the name are sent whole, once the call is complete).
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:')
 
 
 def call_from_json(body: str) -> FunctionCall | None:
@@ -82,8 +84,10 @@ class HermesFormat:
             call = call_from_json(body)
             if call is not None:
                 calls.append(CallProgress(call.name, call.arguments))
-            elif (head := _HEAD.match(body)) is not None:
-                calls.append(CallProgress(json.loads(head[1]), stable_dump(body[head.end():], final)[0]))
+            elif (name := _NAME.match(body)) is not None:
+                arguments = _ARGUMENTS.match(body, name.end())
+                head = stable_dump(body[arguments.end():], final)[0] if arguments else ""
+                calls.append(CallProgress(json.loads(name[1]), head))
             elif end < 0:
                 break  # its name is still arriving
             if end < 0:

@@ -4,13 +4,14 @@ A streamed call's arguments are sent as fragments of the text the finished call 
 json.dumps(arguments, ensure_ascii=False) (vLLM's re-serialisation), so the joined fragments
 equal the non-streamed arguments. `stable_dump(text)` re-serialises the tokens complete so
 far: structure as json.dumps writes it (", " and ": "), strings up to the last complete
-character (escaping is per character, so a string's head is final), numbers only once a
+character of a value (escaping is per character, so its head is final), numbers only once a
 delimiter ends them (`1` may still become `10`, `1.0e1` re-serialises as `10.0`).
 
 Pure and stdlib-only: a regex per token (a long string is one step), not a dependency on
 partial_json_parser, whose completed guesses (`{"a": "x` -> `{"a": "x"}`) are not prefixes anyway.
-Exception (shared with vLLM's own stream): an object repeating a key. json.loads keeps the
-last value at the first key's place, so text already sent no longer matches.
+Keys are sent whole. Exception (shared with vLLM's own stream): an object repeating a key.
+json.loads keeps the last value at the first key's place, so the head stops before the repeat
+and text already sent no longer matches the final arguments.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
     """
     out: list[str] = []
     stack: list[str] = []  # "{" or "[" per open container
+    keys: list[set] = []  # the keys of each open object, innermost last
     expect = "value"  # value | key | colon | comma (after a value inside a container)
     pos = _WS.match(text).end()
     n = len(text)
@@ -53,20 +55,29 @@ def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
                 expect, pos = ("key" if stack[-1] == "{" else "value"), pos + 1
             elif char == ("}" if stack[-1] == "{" else "]"):
                 out.append(char)
-                stack.pop()
+                if stack.pop() == "{":
+                    keys.pop()
                 pos += 1
                 if not stack:
                     return "".join(out), pos
             else:
                 return "".join(out), None
         elif char == '"' and expect in ("value", "key"):
+            mark = len(out)
             end = _string(text, pos + 1, out)
             if end is None:
                 return "".join(out), None
-            if end < 0:  # unterminated: its head is out
+            if end < 0:  # unterminated: a value's head is out; a key waits (it may repeat one)
+                if expect == "key":
+                    del out[mark:]
                 return "".join(out), None
             pos = end
             if expect == "key":
+                key = json.loads("".join(out[mark:]))
+                if key in keys[-1]:  # a repeated key: json.loads moves its value to the first place
+                    del out[mark:]
+                    return "".join(out), None
+                keys[-1].add(key)
                 expect = "colon"
             elif not stack:
                 return "".join(out), pos
@@ -76,6 +87,7 @@ def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
             if char == "}" and out and out[-1] == "{":  # {} (no key after a comma)
                 out.append("}")
                 stack.pop()
+                keys.pop()
                 pos += 1
                 if not stack:
                     return "".join(out), pos
@@ -85,6 +97,8 @@ def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
         elif char in "{[":
             out.append(char)
             stack.append(char)
+            if char == "{":
+                keys.append(set())
             expect, pos = ("key" if char == "{" else "value"), pos + 1
         elif char == "]" and stack and stack[-1] == "[" and out[-1] == "[":  # []
             out.append("]")
