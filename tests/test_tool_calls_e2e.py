@@ -350,6 +350,18 @@ def test_parser_flags_are_checked_at_start_up(capsys):
     assert (settings.enable_auto_tool_choice, settings.tool_call_parser) == (True, "mistral")
 
 
+def test_tool_call_streaming_flag(capsys):
+    from token_proxy.cli import parse_settings
+
+    assert parse_settings([]).tool_call_streaming == "fragments"  # vLLM's behaviour by default
+    assert parse_settings(["--tool-call-streaming", "whole"]).tool_call_streaming == "whole"
+    with pytest.raises(SystemExit):
+        parse_settings(["--tool-call-streaming", "halves"])
+    assert "tool_call_streaming must be fragments or whole, got 'halves'" in capsys.readouterr().err
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "| `--tool-call-streaming` | `fragments` |" in readme
+
+
 
 HERMES_TEXT = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
 
@@ -379,17 +391,16 @@ async def sse_tool_deltas(proxy, body: dict) -> list[str]:
     """The raw JSON text of every tool_calls delta entry on the wire, in order."""
     import aiohttp
     out = []
-    async with aiohttp.ClientSession() as session:
-        async with session.post(proxy.make_url("/v1/chat/completions"), json={**body, "stream": True}) as resp:
-            async for line in resp.content:
-                line = line.decode().strip()
-                if not line.startswith("data: {"):
-                    continue
-                raw = line[len("data: "):]
-                for choice in json.loads(raw)["choices"]:
-                    for entry in choice["delta"].get("tool_calls") or []:
-                        out.append(json.dumps(entry, ensure_ascii=False, separators=(",", ":")))
-                # key order as sent (json.loads keeps it): id, type, index, function as vLLM's DeltaToolCall
+    async with (aiohttp.ClientSession() as session,
+                session.post(proxy.make_url("/v1/chat/completions"), json={**body, "stream": True}) as resp):
+        async for line in resp.content:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[len("data: "):])["choices"]:
+                # json.loads keeps the key order as sent (vLLM's DeltaToolCall: id, type, index, function)
+                for entry in choice["delta"].get("tool_calls") or []:
+                    out.append(json.dumps(entry, ensure_ascii=False, separators=(",", ":")))
     return out
 
 

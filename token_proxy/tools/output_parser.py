@@ -3,7 +3,9 @@
 `OutputParsing` is built once per request (see tools.request.output_parsing). `parse(text)`
 handles a finished completion; `stream()` gives one `StreamParser` per choice, whose
 `feed(delta_text)` / `finish()` return DeltaEvents. The stream replays the same pure
-scans on the growing text, so its calls are those `parse` finds in the same text.
+scans on the growing text, so its calls are those `parse` finds in the same text. With
+tool_call_streaming "fragments" (formats with `progress`), a call's arguments go out as they
+become fixed; a call that never completes then stays half sent, as in vLLM's stream.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class OutputParsing:
 
 
 class StreamParser:
-    """One choice's incremental parser: vLLM's delta sequence, nothing half-parsed leaked.
+    """One choice's incremental parser: vLLM's delta sequence; in "whole" mode nothing half-parsed leaked.
 
     Work per delta stays proportional to the delta, not to the text so far: only the text
     after what was already emitted (`_tail`) is rescanned. That is exact because no marker can

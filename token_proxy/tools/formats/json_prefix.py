@@ -147,15 +147,19 @@ def _string(text: str, pos: int, out: list[str]) -> int | None:
         if escape is None:
             return -1 if n - pos < 6 and _could_be_escape(text[pos:]) else None
         code = escape.group()
-        if code[1] == "u" and 0xD800 <= int(code[2:], 16) < 0xDC00:  # a high surrogate: wait for its pair
+        if code[1] == "u" and 0xD800 <= _code_point(code) < 0xDC00:  # a high surrogate: wait for its pair
             pair = _ESCAPE.match(text, escape.end())
             if pair is None and n - escape.end() < 6 and _could_be_escape(text[escape.end():] or "\\"):
                 return -1
-            if pair and pair.group()[1] == "u" and 0xDC00 <= int(pair.group()[2:], 16) < 0xE000:
+            if pair and pair.group()[1] == "u" and 0xDC00 <= _code_point(pair.group()) < 0xE000:
                 code += pair.group()
         out.append(_dump_chars(json.loads(f'"{code}"')))
         pos += len(code)
     return -1
+
+
+def _code_point(escape: str) -> int:
+    return int(escape.removeprefix("\\u"), 16)
 
 
 def _could_be_escape(head: str) -> bool:
