@@ -492,3 +492,67 @@ def test_stable_dump_is_a_prefix_of_json_dumps_for_every_cut():
                 assert want.startswith(stable_dump(raw[:cut])[0]), raw[:cut]
             assert stable_dump(raw, final=True) == (want, len(raw))
     assert stable_dump('{"a": 01}') == ('{"a": ', None)  # malformed: nothing past the error
+
+
+def _joined_fragments(parsing: OutputParsing, pieces: list[str]) -> list[tuple[str, str]]:
+    stream = parsing.stream()
+    joined: dict[int, list[str]] = {}
+    for event in [e for piece in pieces for e in stream.feed(piece)] + stream.finish():
+        if event.kind == "tool_call":
+            joined[event.index] = [event.name, ""]
+        elif event.kind == "arguments":
+            joined[event.index][1] += event.text
+    return [tuple(call) for call in joined.values()]
+
+
+def _random_pieces(rng: random.Random, text: str) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 40))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def test_hermes_fragments_join_to_the_parse_for_random_calls():
+    """Random arguments (escapes, surrogates, `</tool_call>` inside strings), compact or spaced JSON,
+    random chunking, some outputs ending before `</tool_call>`: the joined fragments are the parse's calls."""
+    rng = random.Random(11)
+
+    def value(depth=0):
+        kind = rng.randint(0, 6 if depth < 3 else 3)
+        if kind == 0:
+            return rng.choice([0, -1, 12, 3.5, 1e21])
+        if kind == 1:
+            return rng.choice([True, False, None])
+        if kind in (2, 3):
+            return "".join(rng.choice('ab"\\\n</tool_call>é😀 ') for _ in range(rng.randint(0, 8)))
+        if kind == 4:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {str(i) + rng.choice('ab"é'): value(depth + 1) for i in range(rng.randint(0, 3))}
+
+    parsing = auto("hermes")
+    for _ in range(400):
+        separators = rng.choice([(", ", ": "), (",", ":")])
+        text = rng.choice(["", "Hi "]) + "".join(
+            "<tool_call>\n" + json.dumps({"name": rng.choice(["search", "get_weather"]), "arguments": value()},
+                                         ensure_ascii=rng.random() < 0.5, separators=separators) + "\n</tool_call>"
+            for _ in range(rng.randint(1, 3)))
+        if rng.random() < 0.3:
+            text = text.removesuffix("</tool_call>")
+        want = [(c.name, c.arguments) for c in parsing.parse(text).tool_calls]
+        assert _joined_fragments(parsing, _random_pieces(rng, text)) == want, text
+
+
+def test_qwen3_coder_fragments_join_to_the_parse_for_random_calls():
+    """Values that may read null, end in newlines, hold `<` or a marker's start, typed or not, closed by
+    `</parameter>`, the next `<parameter=` or `</function>`: the joined fragments are the parse's calls."""
+    rng = random.Random(3)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "integer"}, "o": {"type": "object"}, "u": {"type": ["string", "null"]}}}}}]
+    parsing = output_parsing(tools, "auto", tool_parser="qwen3_coder", auto_tool_choice=True)
+    values = ["abc", "null", "NULL", "nu", "\n\nx\n\n", "a<b", "</par", "1", "12", '{"a": 1}', "x\n", "", "<parameter",
+              'é😀"\\']
+    for _ in range(400):
+        params = "".join(
+            f"<parameter={key}>" + "\n" * (rng.random() < 0.7) + rng.choice(values) + "\n" * (rng.random() < 0.7)
+            + rng.choice(["</parameter>\n", "</parameter>", ""]) for key in rng.sample("snou", rng.randint(0, 3)))
+        text = f"<tool_call>\n<function=f>\n{params}</function>\n</tool_call>" * rng.choice([1, 2])
+        want = [(c.name, c.arguments) for c in parsing.parse(text).tool_calls]
+        assert _joined_fragments(parsing, _random_pieces(rng, text)) == want, text

@@ -101,6 +101,7 @@ class StreamParser:
         self._pure_content = True  # so far the rest is all emitted content (no call, nothing held)
         self.tool_calls: list[ToolCall] = []  # the calls streamed so far, with their ids (and arguments sent)
         self._fragments = parsing.streams_fragments
+        self._progress_memo: dict = {}  # the format's per-call state between deltas (see `progress`)
         self.finished: ParsedOutput | None = None
 
     def feed(self, delta_text: str) -> list[DeltaEvent]:
@@ -187,7 +188,7 @@ class StreamParser:
         max_tokens stays half sent (finish_reason "length"), as in vLLM's stream.
         """
         parsing = self._parsing
-        progress = parsing.tool_format.progress(text, final, parsing.tools)
+        progress = parsing.tool_format.progress(text, final, parsing.tools, self._progress_memo)
         for index, call in enumerate(progress[:1] if parsing.single_call else progress):
             if index == len(self.tool_calls):
                 self.tool_calls.append(ToolCall(parsing.tool_format.new_id(), call.name, ""))

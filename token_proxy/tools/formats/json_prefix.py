@@ -2,16 +2,19 @@
 
 A streamed call's arguments are sent as fragments of the text the finished call will carry,
 json.dumps(arguments, ensure_ascii=False) (vLLM's re-serialisation), so the joined fragments
-equal the non-streamed arguments. `stable_dump(text)` re-serialises the tokens complete so
-far: structure as json.dumps writes it (", " and ": "), strings up to the last complete
-character of a value (escaping is per character, so its head is final), numbers only once a
-delimiter ends them (`1` may still become `10`, `1.0e1` re-serialises as `10.0`).
+equal the non-streamed arguments. `JsonHead.advance(text)` re-serialises the tokens complete
+so far: structure as json.dumps writes it (", " and ": "), a string value up to its last
+complete character (escaping is per character, so its head is final), keys whole, numbers only
+once a delimiter ends them (`1` may still become `10`; `1.0e1` re-serialises as `10.0`).
 
-Pure and stdlib-only: a regex per token (a long string is one step), not a dependency on
-partial_json_parser, whose completed guesses (`{"a": "x` -> `{"a": "x"}`) are not prefixes anyway.
-Keys are sent whole. Exception (shared with vLLM's own stream): an object repeating a key.
-json.loads keeps the last value at the first key's place, so the head stops before the repeat
-and text already sent no longer matches the final arguments.
+Incremental: fed a text that extends the last one, it resumes at the last complete token (or
+inside an open string), and a string is one regex and one json.loads (C speed), so a stream
+costs about what its text does. Stdlib only: partial_json_parser's completed guesses
+(`{"a": "x` -> `{"a": "x"}`) are not prefixes of the result anyway.
+
+Exception (shared with vLLM's own stream): an object repeating a key. json.loads keeps the last
+value at the first key's place, so the head stops before the repeat, and what was already sent
+no longer matches the final arguments.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import json
 import re
 
 _WS = re.compile(r"[ \t\n\r]*")
-_PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a run of string characters with no escape
-_ESCAPE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})')
+# A string's body as far as it is complete: plain characters and whole escapes.
+_BODY = re.compile(r'(?:[^"\\\x00-\x1f]+|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*')
+_HIGH_TAIL = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}$")
+_PARTIAL_ESCAPE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{0,4})?')
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_NUMBER_GOES_ON = tuple(".eE+-0123456789")
 _LITERALS = ("true", "false", "null")
 
 
@@ -30,137 +36,144 @@ def _dump_chars(chars: str) -> str:
     return json.dumps(chars, ensure_ascii=False)[1:-1]
 
 
-def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
-    """(the fixed head of json.dumps of the value `text` starts with, where the value ends or None).
+class JsonHead:
+    """One JSON value's fixed head, advanced as its text grows (state kept at token boundaries)."""
 
-    `final`: nothing more will come (a number at the very end is then complete). Invalid JSON
-    stops the head where it went wrong (end None): the call will not parse, nothing more is fixed.
-    """
-    out: list[str] = []
-    stack: list[str] = []  # "{" or "[" per open container
-    keys: list[set] = []  # the keys of each open object, innermost last
-    expect = "value"  # value | key | colon | comma (after a value inside a container)
-    pos = _WS.match(text).end()
-    n = len(text)
-    while pos < n:
-        char = text[pos]
-        if expect == "colon":
-            if char != ":":
-                return "".join(out), None
-            out.append(": ")
-            expect, pos = "value", pos + 1
-        elif expect == "comma":
-            if char == ",":
-                out.append(", ")
-                expect, pos = ("key" if stack[-1] == "{" else "value"), pos + 1
-            elif char == ("}" if stack[-1] == "{" else "]"):
-                out.append(char)
-                if stack.pop() == "{":
-                    keys.pop()
-                pos += 1
-                if not stack:
-                    return "".join(out), pos
-            else:
-                return "".join(out), None
-        elif char == '"' and expect in ("value", "key"):
-            mark = len(out)
-            end = _string(text, pos + 1, out)
-            if end is None:
-                return "".join(out), None
-            if end < 0:  # unterminated: a value's head is out; a key waits (it may repeat one)
-                if expect == "key":
-                    del out[mark:]
-                return "".join(out), None
-            pos = end
-            if expect == "key":
-                key = json.loads("".join(out[mark:]))
-                if key in keys[-1]:  # a repeated key: json.loads moves its value to the first place
-                    del out[mark:]
-                    return "".join(out), None
+    def __init__(self) -> None:
+        self._text = ""  # the text last advanced over (a later one must extend it, else restart)
+        self._out: list[str] = []  # the head's pieces, for complete tokens
+        self._stack: list[str] = []  # "{" or "[" per open container
+        self._keys: list[set] = []  # the keys of each open object, innermost last
+        self._expect = "value"  # value | key | colon | comma (after a value inside a container)
+        self._pos = 0  # where to go on in _text
+        self._open_string: str | None = None  # the head of an open string value ('"' + chars so far)
+        self.end: int | None = None  # where the value ended, once it has
+
+    @property
+    def head(self) -> str:
+        return "".join(self._out) + (self._open_string or "")
+
+    def advance(self, text: str, final: bool = False) -> tuple[str, int | None]:
+        """(the fixed head of json.dumps of the value `text` starts with, where the value ends or None).
+
+        `final`: nothing more will come (a number at the very end is then complete). Invalid JSON
+        stops the head where it went wrong: the call will not parse, nothing more is fixed.
+        """
+        if not text.startswith(self._text):
+            self.__init__()
+        self._text = text
+        if self.end is not None or (self._open_string is not None and not self._string(text)):
+            return self.head, self.end  # done, or still inside a string value
+        if self.end is None:
+            self._tokens(text, final)
+        return self.head, self.end
+
+    def _tokens(self, text: str, final: bool) -> None:
+        out, stack, keys, n = self._out, self._stack, self._keys, len(text)
+        while (pos := _WS.match(text, self._pos).end()) < n:
+            char, expect = text[pos], self._expect
+            if expect == "colon":
+                if char != ":":
+                    return
+                out.append(": ")
+                self._expect, pos = "value", pos + 1
+            elif expect == "comma":
+                if char == ",":
+                    out.append(", ")
+                    self._expect, pos = ("key" if stack[-1] == "{" else "value"), pos + 1
+                elif char == ("}" if stack[-1] == "{" else "]"):
+                    pos = self._close(char, pos)
+                else:
+                    return
+            elif char == '"' and expect == "key":
+                match = _BODY.match(text, pos + 1)
+                if text[match.end():match.end() + 1] != '"':
+                    return  # a key goes out whole (it may repeat one)
+                key = json.loads(text[pos:match.end() + 1])
+                if key in keys[-1]:  # json.loads would move the value to the first place
+                    return
                 keys[-1].add(key)
-                expect = "colon"
-            elif not stack:
-                return "".join(out), pos
+                out.append(json.dumps(key, ensure_ascii=False))
+                self._expect, pos = "colon", match.end() + 1
+            elif char == '"' and expect == "value":
+                self._open_string, self._pos = '"', pos + 1
+                if not self._string(text):
+                    return
+                pos = self._pos
+            elif expect == "key":
+                if char != "}" or out[-1] != "{":  # `{}`; no `}` after a comma
+                    return
+                pos = self._close(char, pos)
+            elif char in "{[":
+                out.append(char)
+                stack.append(char)
+                if char == "{":
+                    keys.append(set())
+                self._expect, pos = ("key" if char == "{" else "value"), pos + 1
+            elif char == "]" and stack and stack[-1] == "[" and out[-1] == "[":  # []
+                pos = self._close(char, pos)
             else:
-                expect = "comma"
-        elif expect == "key":
-            if char == "}" and out and out[-1] == "{":  # {} (no key after a comma)
-                out.append("}")
-                stack.pop()
-                keys.pop()
-                pos += 1
-                if not stack:
-                    return "".join(out), pos
-                expect = "comma"
-            else:
-                return "".join(out), None
-        elif char in "{[":
-            out.append(char)
-            stack.append(char)
-            if char == "{":
-                keys.append(set())
-            expect, pos = ("key" if char == "{" else "value"), pos + 1
-        elif char == "]" and stack and stack[-1] == "[" and out[-1] == "[":  # []
-            out.append("]")
-            stack.pop()
-            pos += 1
-            if not stack:
-                return "".join(out), pos
-            expect = "comma"
-        else:
-            match = _NUMBER.match(text, pos)
-            if match:
-                if (match.end() == n and not final) or text[match.end():match.end() + 1] in tuple(".eE+-0123456789"):
-                    return "".join(out), None  # still arriving (`1` of `10`), or malformed (`01`)
-                token = match.group()
-                out.append(json.dumps(json.loads(token)))
-            else:
-                token = next((lit for lit in _LITERALS if text.startswith(lit, pos)), None)
+                token = self._scalar(text, pos, final)
                 if token is None:
-                    return "".join(out), None  # a literal still arriving, or not JSON
-                out.append(token)
-            pos += len(token)
-            if not stack:
-                return "".join(out), pos
-            expect = "comma"
-        pos = _WS.match(text, pos).end()
-    return "".join(out), None
+                    return  # still arriving (`1` of `10`, `tr`), or not JSON
+                pos += len(token)
+                self._value_done(pos)
+            self._pos = pos
+            if self.end is not None:
+                return
+
+    def _scalar(self, text: str, pos: int, final: bool) -> str | None:
+        match = _NUMBER.match(text, pos)
+        if match:
+            after = text[match.end():match.end() + 1]
+            if (not after and not final) or after in _NUMBER_GOES_ON:
+                return None
+            self._out.append(json.dumps(json.loads(match.group())))
+            return match.group()
+        token = next((lit for lit in _LITERALS if text.startswith(lit, pos)), None)
+        if token is not None:
+            self._out.append(token)
+        return token
+
+    def _close(self, char: str, pos: int) -> int:
+        self._out.append(char)
+        if self._stack.pop() == "{":
+            self._keys.pop()
+        self._value_done(pos + 1)
+        return pos + 1
+
+    def _value_done(self, pos: int) -> None:
+        if not self._stack:
+            self.end = pos
+        self._expect = "comma"
+
+    def _string(self, text: str) -> bool:
+        """Go on with the open string value at _pos; True once it closed (then _pos is after it)."""
+        pos = self._pos
+        body = _BODY.match(text, pos)
+        raw, end = body.group(), body.end()
+        closed = text[end:end + 1] == '"'
+        if not closed and (high := _HIGH_TAIL.search(raw)) and _escapes(raw, high.start()):
+            raw, end = raw[: high.start()], pos + high.start()  # a high surrogate waits for its low half
+        self._open_string += _dump_chars(json.loads(f'"{raw}"'))
+        if not closed:
+            # The rest is a partial escape, or a raw control character / bad escape (json.loads
+            # refuses it: the call will not parse): either way nothing more is fixed now.
+            self._pos = end
+            return False
+        self._out.append(self._open_string + '"')
+        self._open_string = None
+        self._value_done(end + 1)
+        self._pos = end + 1
+        return True
 
 
-def _string(text: str, pos: int, out: list[str]) -> int | None:
-    """Append the string starting after its quote at `pos`; its end, -1 while open, None if invalid."""
-    out.append('"')
-    n = len(text)
-    while pos < n:
-        plain = _PLAIN.match(text, pos)
-        if plain:
-            out.append(_dump_chars(plain.group()))
-            pos = plain.end()
-            continue
-        char = text[pos]
-        if char == '"':
-            out.append('"')
-            return pos + 1
-        if char != "\\":
-            return None  # a raw control character: json.loads refuses it
-        escape = _ESCAPE.match(text, pos)
-        if escape is None:
-            return -1 if n - pos < 6 and _could_be_escape(text[pos:]) else None
-        code = escape.group()
-        if code[1] == "u" and 0xD800 <= _code_point(code) < 0xDC00:  # a high surrogate: wait for its pair
-            pair = _ESCAPE.match(text, escape.end())
-            if pair is None and n - escape.end() < 6 and _could_be_escape(text[escape.end():] or "\\"):
-                return -1
-            if pair and pair.group()[1] == "u" and 0xDC00 <= _code_point(pair.group()) < 0xE000:
-                code += pair.group()
-        out.append(_dump_chars(json.loads(f'"{code}"')))
-        pos += len(code)
-    return -1
+def _escapes(raw: str, at: int) -> bool:
+    """Whether the backslash at `at` starts an escape (an even run of backslashes before it)."""
+    return (at - len(raw[:at].rstrip("\\"))) % 2 == 0
 
 
-def _code_point(escape: str) -> int:
-    return int(escape.removeprefix("\\u"), 16)
-
-
-def _could_be_escape(head: str) -> bool:
-    return re.fullmatch(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{0,4})?', head) is not None
+def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
+    """JsonHead().advance(text, final): the fixed head of json.dumps of the value `text` starts with,
+    and where that value ends (None while it has not)."""
+    return JsonHead().advance(text, final)

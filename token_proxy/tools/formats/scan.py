@@ -46,8 +46,9 @@ class ToolFormat(Protocol):
     def scan(self, text: str, final: bool, tools: list | None) -> Scan: ...
 
     # Optional (hermes, qwen3_coder): every call region begun in `text` whose name is known, in
-    # order, each `arguments` a prefix of the text the finished call carries.
-    # def progress(self, text: str, final: bool, tools: list | None) -> list[CallProgress]: ...
+    # order, each `arguments` a prefix of the text the finished call carries. `memo` is the
+    # stream's dict, kept between calls, so the format can go on where it stopped.
+    # def progress(self, text: str, final: bool, tools: list | None, memo: dict | None) -> list[CallProgress]: ...
 
 
 def held_back(text: str, markers: tuple[str, ...]) -> int:
