@@ -345,8 +345,11 @@ def test_one_shot_delta_has_vllm_shape():
     delta = merge_deltas(stream.feed("Hi " + hermes_call("search", {"query": "q"})) + stream.finish())
     call_id = stream.tool_calls[0].id
     assert delta == {"content": "Hi ", "tool_calls": [
-        {"index": 0, "id": call_id, "type": "function", "function": {"name": "search"}},
+        {"id": call_id, "type": "function", "index": 0, "function": {"name": "search"}},
         {"index": 0, "function": {"arguments": '{"query": "q"}'}}]}
+    # The wire's key order is vLLM's DeltaToolCall field order (model_dump_json, exclude_unset).
+    assert [list(entry) for entry in delta["tool_calls"]] == [["id", "type", "index", "function"],
+                                                              ["index", "function"]]
 
 
 def test_registered_names_match_vllm():
