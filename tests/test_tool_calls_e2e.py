@@ -358,7 +358,8 @@ def test_tool_call_streaming_flag(capsys):
     with pytest.raises(SystemExit):
         parse_settings(["--tool-call-streaming", "halves"])
     assert "tool_call_streaming must be fragments or whole, got 'halves'" in capsys.readouterr().err
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # tests/ may nest
+    readme = (root / "README.md").read_text()
     assert "| `--tool-call-streaming` | `fragments` |" in readme
 
 
