@@ -128,6 +128,8 @@ FLAG_GROUPS = (
          sorted(REASONING_PARSERS)) + ")")),
         ("--exclude-tools-when-tool-choice-none", "exclude_tools_when_tool_choice_none", flag_bool,
          "tool_choice \"none\" renders no tools into the prompt (vLLM's default renders them)"),
+        ("--tool-call-streaming", "tool_call_streaming", str, ("fragments (vLLM: arguments stream as generated; "
+         "a call cut by max_tokens stays half sent) or whole (each call sent once complete)")),
     )),
     ("sessions", (
         ("--session-ttl", "session_ttl_s", float, "idle seconds before a chat session (X-Session-ID) is dropped"),

@@ -85,6 +85,9 @@ class Settings:
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
+    # tool_call_streaming: "fragments" streams arguments as generated (vLLM; a call cut by max_tokens
+    # stays half sent); "whole" sends each call once complete (never a half call).
+    tool_call_streaming: str = "fragments"
     # Session continuity (X-Session-ID / session_id): idle seconds before a session is dropped, the
     # bytes all sessions may hold (0: sessions off, keys ignored) and how many are kept (LRU).
     session_ttl_s: float = 600.0
@@ -124,6 +127,8 @@ class Settings:
             raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
         if self.backend_metrics_interval_s < 0 or self.backend_metrics_stale_s <= 0:
             raise ValueError("backend metrics interval must be >= 0 and staleness > 0")
+        if self.tool_call_streaming not in ("fragments", "whole"):
+            raise ValueError(f"tool_call_streaming must be fragments or whole, got {self.tool_call_streaming!r}")
         if self.pause_mode not in ("retract", "in_place", "abort"):
             raise ValueError(f"pause_mode must be retract, in_place or abort, got {self.pause_mode!r}")
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:

@@ -348,3 +348,75 @@ def test_parser_flags_are_checked_at_start_up(capsys):
     assert "--reasoning-parser 'r2' is not one of" in capsys.readouterr().err
     settings = parse_settings(["--enable-auto-tool-choice", "--tool-call-parser", "mistral"])  # vLLM's spelling
     assert (settings.enable_auto_tool_choice, settings.tool_call_parser) == (True, "mistral")
+
+
+def test_tool_call_streaming_flag(capsys):
+    from token_proxy.cli import parse_settings
+
+    assert parse_settings([]).tool_call_streaming == "fragments"  # vLLM's behaviour by default
+    assert parse_settings(["--tool-call-streaming", "whole"]).tool_call_streaming == "whole"
+    with pytest.raises(SystemExit):
+        parse_settings(["--tool-call-streaming", "halves"])
+    assert "tool_call_streaming must be fragments or whole, got 'halves'" in capsys.readouterr().err
+    root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # tests/ may nest
+    readme = (root / "README.md").read_text()
+    assert "| `--tool-call-streaming` | `fragments` |" in readme
+
+
+
+HERMES_TEXT = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("mode", ["fragments", "whole"])
+async def test_cut_call_per_tool_call_streaming_mode(make_sim, make_proxy, mode):
+    """A call cut by max_tokens after its name. `whole`: nothing of it is sent. `fragments` (vLLM's
+    stream): its header and the fixed head of its arguments were sent, and stay, with finish "length";
+    the non-streamed reply has no call either way. A complete call equals the reply in both modes."""
+    _, proxy = await tool_proxy(make_sim, make_proxy, "hermes", scripted=HERMES_TEXT, tool_call_streaming=mode)
+    client = client_for(proxy)
+    kwargs = {"messages": [{"role": "user", "content": "Weather?"}], "tools": TOOLS}
+    cut, cut_stream = await whole(client, max_tokens=22, **kwargs), await streamed(client, max_tokens=22, **kwargs)
+    assert cut["finish_reason"] == cut_stream["finish_reason"] == "length"
+    assert cut["content"] == cut_stream["content"] == "Let me look.\n" and cut["calls"] == []
+    half = [("get_weather", '{"city": "Zür', "function")] if mode == "fragments" else []
+    assert [(n, a, t) for n, a, _, t in cut_stream["calls"]] == half
+    # Cut after the arguments' JSON ended but before </tool_call>: a complete call in both.
+    done, done_stream = await whole(client, max_tokens=30, **kwargs), await streamed(client, max_tokens=30, **kwargs)
+    assert done["finish_reason"] == done_stream["finish_reason"] == "length"
+    assert [c[:2] for c in done["calls"]] == [c[:2] for c in done_stream["calls"]] == [
+        ("get_weather", '{"city": "Zürich", "days": 2}')]
+    await client.close()
+
+
+async def sse_tool_deltas(proxy, body: dict) -> list[str]:
+    """The raw JSON text of every tool_calls delta entry on the wire, in order."""
+    import aiohttp
+    out = []
+    async with (aiohttp.ClientSession() as session,
+                session.post(proxy.make_url("/v1/chat/completions"), json={**body, "stream": True}) as resp):
+        async for line in resp.content:
+            line = line.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line[len("data: "):])["choices"]:
+                # json.loads keeps the key order as sent (vLLM's DeltaToolCall: id, type, index, function)
+                for entry in choice["delta"].get("tool_calls") or []:
+                    out.append(json.dumps(entry, ensure_ascii=False, separators=(",", ":")))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fragments", "whole"])
+async def test_argument_fragments_on_the_wire(make_sim, make_proxy, mode):
+    """vLLM streams a call's arguments in pieces as they are generated; `whole` sends them at once."""
+    _, proxy = await tool_proxy(make_sim, make_proxy, "hermes", scripted=HERMES_TEXT, tool_call_streaming=mode)
+    deltas = await sse_tool_deltas(proxy, {"model": MODEL, "max_tokens": 200, "tools": TOOLS,
+                                           "messages": [{"role": "user", "content": "Weather?"}]})
+    header = json.loads(deltas[0])
+    assert list(header) == ["id", "type", "index", "function"] and header["function"] == {"name": "get_weather"}
+    pieces = [json.loads(d)["function"]["arguments"] for d in deltas[1:]]
+    assert all(list(json.loads(d)) == ["index", "function"] for d in deltas[1:])
+    assert "".join(pieces) == '{"city": "Zürich", "days": 2}'
+    if mode == "whole":
+        assert pieces == ['{"city": "Zürich", "days": 2}']
+    else:  # one token at a time, what became fixed: keys whole, `2` only once the `}}` token ends it
+        assert pieces == ['{', '"city": ', '"', 'Z', 'ür', 'ich', '", ', '"days": ', '2}']

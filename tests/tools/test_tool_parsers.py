@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -15,6 +16,7 @@ from token_proxy.tools import (
     merge_deltas,
     output_parsing,
 )
+from token_proxy.tools.formats.scan import is_json
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -53,29 +55,57 @@ def splits(text: str):
 
 
 def assert_stream_matches(parsing: OutputParsing, text: str):
-    """Every way of streaming `text` yields the calls, reasoning and content `parse` finds."""
+    """Every way of streaming `text`, in both --tool-call-streaming modes, yields the calls, reasoning
+    and content `parse` finds. `whole`: each call is one header and one arguments piece. `fragments`:
+    each call is a header, then pieces whose join is its arguments; a call the parse does not have
+    (cut short, or malformed after its name) may follow, as vLLM leaves it, with arguments that are
+    not complete JSON."""
     parsed = parsing.parse(text)
-    for pieces in splits(text):
-        stream, events = run_stream(parsing, pieces)
-        delta = merge_deltas(events)
-        got_calls = [(c.name, c.arguments) for c in stream.tool_calls]
-        assert got_calls == [(c.name, c.arguments) for c in parsed.tool_calls], pieces
-        assert delta.get("reasoning", "") == (parsed.reasoning or ""), pieces
-        streamed = delta.get("content", "")
-        if parsed.content is None:
-            assert not streamed.strip(), pieces
-        else:
-            assert streamed == parsed.content, pieces
-        assert stream.finished.content == parsed.content
-        # vLLM's delta order per call: header {index, id, type, function.name}, then arguments
-        tool_events = [e for e in events if e.kind in ("tool_call", "arguments")]
-        for i in range(len(parsed.tool_calls)):
-            header, args = tool_events[2 * i], tool_events[2 * i + 1]
-            assert header.tool_call_delta() == {
-                "index": i, "id": stream.tool_calls[i].id, "type": "function",
-                "function": {"name": parsed.tool_calls[i].name}}
-            assert args.tool_call_delta() == {"index": i, "function": {"arguments": parsed.tool_calls[i].arguments}}
+    want = [(c.name, c.arguments) for c in parsed.tool_calls]
+    for mode in ("whole", "fragments"):
+        mode_parsing = dataclasses.replace(parsing, tool_call_streaming=mode)
+        for pieces in splits(text):
+            stream, events = run_stream(mode_parsing, pieces)
+            delta = merge_deltas(events)
+            got_calls = [(c.name, c.arguments) for c in stream.tool_calls]
+            assert delta.get("reasoning", "") == (parsed.reasoning or ""), pieces
+            streamed = delta.get("content", "")
+            if parsed.content is None:
+                assert not streamed.strip(), pieces
+            else:
+                assert streamed == parsed.content, pieces
+            assert stream.finished.content == parsed.content
+            tool_events = [e for e in events if e.kind in ("tool_call", "arguments")]
+            if mode == "whole" or not mode_parsing.streams_fragments:
+                assert got_calls == want, pieces
+                # vLLM's delta order per call: header {id, type, index, function.name}, then arguments
+                for i in range(len(parsed.tool_calls)):
+                    header, args = tool_events[2 * i], tool_events[2 * i + 1]
+                    assert header.tool_call_delta() == {
+                        "id": stream.tool_calls[i].id, "type": "function", "index": i,
+                        "function": {"name": parsed.tool_calls[i].name}}
+                    assert args.tool_call_delta() == {"index": i, "function": {"arguments": want[i][1]}}
+                continue
+            assert got_calls[: len(want)] == want, (mode, pieces)
+            assert not [args for _, args in got_calls[len(want):] if is_json(args)], (mode, pieces)
+            joined: dict[int, list] = {}
+            for event in tool_events:
+                if event.kind == "tool_call":
+                    assert event.index == len(joined) and event.id == stream.tool_calls[event.index].id
+                    joined[event.index] = [event.name, ""]
+                else:
+                    assert event.text and event.index in joined, pieces
+                    joined[event.index][1] += event.text
+            assert [tuple(call) for call in joined.values()] == got_calls, pieces
     return parsed
+
+
+def fragments(parsing: OutputParsing, pieces: list[str]) -> list[dict]:
+    """The tool_calls deltas, one list per fed piece that produced any (the finish's last)."""
+    stream = dataclasses.replace(parsing, tool_call_streaming="fragments").stream()
+    out = [merge_deltas(stream.feed(piece)).get("tool_calls") for piece in pieces]
+    out.append(merge_deltas(stream.finish()).get("tool_calls"))
+    return [deltas for deltas in out if deltas]
 
 
 def auto(parser: str, reasoning: str | None = None, **kw) -> OutputParsing:
@@ -116,7 +146,7 @@ def test_hermes_truncated_call_emits_no_broken_json():
     text = "Sure " + hermes_call("get_weather", NESTED)[:-30]
     parsed = assert_stream_matches(auto("hermes"), text)
     assert parsed.tool_calls == [] and parsed.content == "Sure "
-    _, events = run_stream(auto("hermes"), list(text))
+    _, events = run_stream(auto("hermes", tool_call_streaming="whole"), list(text))
     assert not [e for e in events if e.kind in ("tool_call", "arguments")]
 
 
@@ -315,8 +345,11 @@ def test_one_shot_delta_has_vllm_shape():
     delta = merge_deltas(stream.feed("Hi " + hermes_call("search", {"query": "q"})) + stream.finish())
     call_id = stream.tool_calls[0].id
     assert delta == {"content": "Hi ", "tool_calls": [
-        {"index": 0, "id": call_id, "type": "function", "function": {"name": "search"}},
+        {"id": call_id, "type": "function", "index": 0, "function": {"name": "search"}},
         {"index": 0, "function": {"arguments": '{"query": "q"}'}}]}
+    # The wire's key order is vLLM's DeltaToolCall field order (model_dump_json, exclude_unset).
+    assert [list(entry) for entry in delta["tool_calls"]] == [["id", "type", "index", "function"],
+                                                              ["index", "function"]]
 
 
 def test_registered_names_match_vllm():
@@ -334,3 +367,195 @@ def test_include_reasoning_false_drops_reasoning_and_hides_metadata():
     assert parsing.hides_token_metadata and not auto("hermes", "qwen3").hides_token_metadata
     plain = output_parsing(None, None, tool_parser=None, auto_tool_choice=False, include_reasoning=False)
     assert not plain.hides_token_metadata  # no parser configured: vLLM keeps logprobs and token_ids
+
+
+# --- argument fragments (--tool-call-streaming fragments, vLLM's stream) ------------------------------
+
+def test_hermes_fragments_exact_sequence():
+    """One delta per piece: the header once the name is known, then what became fixed of json.dumps(arguments)."""
+    pieces = ['<tool_call>\n{"name": "get_', 'weather", "arg', 'uments": {"ci', 'ty": "Zü', 'rich\\n', 'Ber',
+              'n", "days": 1', '2, "tags": [tr', 'ue, null], "x": {}}', '}\n</tool_call>']
+    deltas = fragments(auto("hermes"), pieces)
+    call_id = deltas[0][0]["id"]
+    assert VLLM_ID.match(call_id)
+    assert deltas == [
+        [{"id": call_id, "type": "function", "index": 0, "function": {"name": "get_weather"}}],
+        [{"index": 0, "function": {"arguments": '{'}}],  # keys are sent whole
+        [{"index": 0, "function": {"arguments": '"city": "Zü'}}],
+        [{"index": 0, "function": {"arguments": 'rich\\n'}}],  # the escape as json.dumps writes it
+        [{"index": 0, "function": {"arguments": 'Ber'}}],
+        [{"index": 0, "function": {"arguments": 'n", "days": '}}],  # 1 may still become 12
+        [{"index": 0, "function": {"arguments": '12, "tags": ['}}],  # `tr` may still not be true
+        [{"index": 0, "function": {"arguments": 'true, null], "x": {}}'}}],
+    ]
+    text = "".join(pieces)
+    assert "".join(d[0]["function"].get("arguments", "") for d in deltas) == auto("hermes").parse(text).tool_calls[
+        0].arguments == '{"city": "Zürich\\nBern", "days": 12, "tags": [true, null], "x": {}}'
+
+
+def test_hermes_fragments_are_re_serialised_not_raw():
+    """Compact or oddly spaced model JSON streams as json.dumps writes it, so the join is the reply's arguments."""
+    text = '<tool_call>{"name":"search","arguments":{"query" :"caf\\u00e9 \\ud83c\\udf27","n":1.50}}</tool_call>'
+    deltas = fragments(auto("hermes"), list(text))
+    joined = "".join(d["function"].get("arguments", "") for ds in deltas for d in ds)
+    assert joined == auto("hermes").parse(text).tool_calls[0].arguments == '{"query": "café 🌧", "n": 1.5}'
+    assert len([d for ds in deltas for d in ds]) > 5  # fed char by char: many pieces
+
+
+def test_hermes_two_calls_in_one_piece_each_start_with_their_header():
+    text = hermes_call("search", {"query": "a"}) + hermes_call("get_weather", {"city": "b"})
+    [deltas] = fragments(auto("hermes"), [text])
+    assert [(d.get("id") is not None, d["index"], d["function"]) for d in deltas] == [
+        (True, 0, {"name": "search"}), (False, 0, {"arguments": '{"query": "a"}'}),
+        (True, 1, {"name": "get_weather"}), (False, 1, {"arguments": '{"city": "b"}'})]
+
+
+@pytest.mark.parametrize("mode", ["fragments", "whole"])
+def test_hermes_call_cut_by_max_tokens_per_mode(mode):
+    """The stream's end comes inside the arguments (finish "length"): `whole` never sent the call;
+    `fragments` sent its header and arguments up to `{"city": "Zür` and leaves them (vLLM does too).
+    The non-streamed parse has no call in either mode."""
+    text = 'Sure <tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days'
+    parsing = auto("hermes", tool_call_streaming=mode)
+    stream, events = run_stream(parsing, list(text))
+    delta = merge_deltas(events)
+    assert delta["content"] == "Sure " and parsing.parse(text).tool_calls == []
+    if mode == "whole":
+        assert "tool_calls" not in delta and stream.tool_calls == []
+    else:
+        assert [(c.name, c.arguments) for c in stream.tool_calls] == [("get_weather", '{"city": "Zürich", ')]
+        assert [e.kind for e in events].count("tool_call") == 1
+        assert stream.finished.tool_calls == stream.tool_calls
+
+
+def test_hermes_repeated_key_is_the_one_divergence():
+    """json.loads keeps the last value at the first key's place: the head already sent no longer
+    matches, so nothing more is sent for that call (vLLM's stream diverges here too)."""
+    text = '<tool_call>{"name": "f", "arguments": {"a": 1, "b": 2, "a": 3}}</tool_call>'
+    stream, _ = run_stream(auto("hermes"), list(text))
+    assert auto("hermes").parse(text).tool_calls[0].arguments == '{"a": 3, "b": 2}'
+    assert stream.tool_calls[0].arguments == '{"a": 1, "b": 2, '
+
+
+def test_qwen3_coder_fragments_exact_sequence():
+    """A string value streams as it grows (less a trailing newline, a marker's start, a possible
+    "null"); a typed value (integer here) is sent once its </parameter> comes."""
+    pieces = ["<tool_call>\n<function=get_", "weather>\n<parameter=ci", "ty>\nZü", "rich\n", "Bern\n</para",
+              "meter>\n<parameter=days>\n1", "2\n</parameter>\n<parameter=unknown>\nnu", "ll\n</parameter>\n",
+              "<parameter=tags>\n['x']\n</parameter>\n</func", "tion>\n</tool_call>"]
+    deltas = fragments(auto("qwen3_coder"), pieces)
+    call_id = deltas[0][0]["id"]
+    assert deltas == [
+        [{"id": call_id, "type": "function", "index": 0, "function": {"name": "get_weather"}}],
+        [{"index": 0, "function": {"arguments": '{"city": "Zü'}}],
+        [{"index": 0, "function": {"arguments": "rich"}}],  # its \n may be the one dropped at the end
+        [{"index": 0, "function": {"arguments": "\\nBern"}}],
+        [{"index": 0, "function": {"arguments": '", "days": '}}],
+        [{"index": 0, "function": {"arguments": '12, "unknown": '}}],  # "nu" may still be null
+        [{"index": 0, "function": {"arguments": 'null'}}],
+        [{"index": 0, "function": {"arguments": ', "tags": ["x"]'}}],
+        [{"index": 0, "function": {"arguments": "}"}}],
+    ]
+    text = "".join(pieces)
+    joined = "".join(d[0]["function"].get("arguments", "") for d in deltas)
+    assert joined == auto("qwen3_coder").parse(text).tool_calls[0].arguments == (
+        '{"city": "Zürich\\nBern", "days": 12, "unknown": null, "tags": ["x"]}')
+
+
+def test_qwen3_coder_call_cut_keeps_the_head_in_fragments_mode():
+    text = "<tool_call>\n<function=search>\n<parameter=query>\nweather in Zü"
+    stream, _ = run_stream(auto("qwen3_coder"), list(text))
+    assert [(c.name, c.arguments) for c in stream.tool_calls] == [("search", '{"query": "weather in Zü')]
+    whole_stream, _ = run_stream(auto("qwen3_coder", tool_call_streaming="whole"), list(text))
+    assert whole_stream.tool_calls == [] and auto("qwen3_coder").parse(text).tool_calls == []
+
+
+@pytest.mark.parametrize("parser", ["llama3_json", "mistral", "deepseek_v3"])
+def test_formats_without_progress_send_each_call_whole_in_fragments_mode(parser):
+    text = {"llama3_json": '<|python_tag|>{"name": "search", "parameters": {"query": "a long query"}}',
+            "mistral": '[TOOL_CALLS]search[ARGS]{"query": "a long query"}',
+            "deepseek_v3": "<｜tool▁calls▁begin｜>" + ds_call("search", {"query": "a long query"}) + "<｜tool▁calls▁end｜>"}[
+                parser]
+    parsing = auto(parser)
+    assert parsing.tool_call_streaming == "fragments" and not parsing.streams_fragments
+    deltas = [d for ds in fragments(parsing, list(text)) for d in ds]
+    assert [d["function"] for d in deltas] == [{"name": "search"},
+                                               {"arguments": parsing.parse(text).tool_calls[0].arguments}]
+
+
+def test_stable_dump_is_a_prefix_of_json_dumps_for_every_cut():
+    from token_proxy.tools.formats.json_prefix import stable_dump
+    rng = random.Random(7)
+    values = [NESTED, {"a": [1, -2.5e3, True, None, {}], "b": "q\"\\\u2028\x01é😀", "c": []}, [1, "x"], "s", 0]
+    for value in values:
+        for separators in ((", ", ": "), (",", ":"), (" ,\n", " :\t")):
+            raw = json.dumps(value, ensure_ascii=rng.random() < 0.5, separators=separators)
+            want = json.dumps(value, ensure_ascii=False)
+            for cut in range(len(raw)):
+                assert want.startswith(stable_dump(raw[:cut])[0]), raw[:cut]
+            assert stable_dump(raw, final=True) == (want, len(raw))
+    assert stable_dump('{"a": 01}') == ('{"a": ', None)  # malformed: nothing past the error
+
+
+def _joined_fragments(parsing: OutputParsing, pieces: list[str]) -> list[tuple[str, str]]:
+    stream = parsing.stream()
+    joined: dict[int, list[str]] = {}
+    for event in [e for piece in pieces for e in stream.feed(piece)] + stream.finish():
+        if event.kind == "tool_call":
+            joined[event.index] = [event.name, ""]
+        elif event.kind == "arguments":
+            joined[event.index][1] += event.text
+    return [tuple(call) for call in joined.values()]
+
+
+def _random_pieces(rng: random.Random, text: str) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 40))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+def test_hermes_fragments_join_to_the_parse_for_random_calls():
+    """Random arguments (escapes, surrogates, `</tool_call>` inside strings), compact or spaced JSON,
+    random chunking, some outputs ending before `</tool_call>`: the joined fragments are the parse's calls."""
+    rng = random.Random(11)
+
+    def value(depth=0):
+        kind = rng.randint(0, 6 if depth < 3 else 3)
+        if kind == 0:
+            return rng.choice([0, -1, 12, 3.5, 1e21])
+        if kind == 1:
+            return rng.choice([True, False, None])
+        if kind in (2, 3):
+            return "".join(rng.choice('ab"\\\n</tool_call>é😀 ') for _ in range(rng.randint(0, 8)))
+        if kind == 4:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {str(i) + rng.choice('ab"é'): value(depth + 1) for i in range(rng.randint(0, 3))}
+
+    parsing = auto("hermes")
+    for _ in range(400):
+        separators = rng.choice([(", ", ": "), (",", ":")])
+        text = rng.choice(["", "Hi "]) + "".join(
+            "<tool_call>\n" + json.dumps({"name": rng.choice(["search", "get_weather"]), "arguments": value()},
+                                         ensure_ascii=rng.random() < 0.5, separators=separators) + "\n</tool_call>"
+            for _ in range(rng.randint(1, 3)))
+        if rng.random() < 0.3:
+            text = text.removesuffix("</tool_call>")
+        want = [(c.name, c.arguments) for c in parsing.parse(text).tool_calls]
+        assert _joined_fragments(parsing, _random_pieces(rng, text)) == want, text
+
+
+def test_qwen3_coder_fragments_join_to_the_parse_for_random_calls():
+    """Values that may read null, end in newlines, hold `<` or a marker's start, typed or not, closed by
+    `</parameter>`, the next `<parameter=` or `</function>`: the joined fragments are the parse's calls."""
+    rng = random.Random(3)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "integer"}, "o": {"type": "object"}, "u": {"type": ["string", "null"]}}}}}]
+    parsing = output_parsing(tools, "auto", tool_parser="qwen3_coder", auto_tool_choice=True)
+    values = ["abc", "null", "NULL", "nu", "\n\nx\n\n", "a<b", "</par", "1", "12", '{"a": 1}', "x\n", "", "<parameter",
+              'é😀"\\']
+    for _ in range(400):
+        params = "".join(
+            f"<parameter={key}>" + "\n" * (rng.random() < 0.7) + rng.choice(values) + "\n" * (rng.random() < 0.7)
+            + rng.choice(["</parameter>\n", "</parameter>", ""]) for key in rng.sample("snou", rng.randint(0, 3)))
+        text = f"<tool_call>\n<function=f>\n{params}</function>\n</tool_call>" * rng.choice([1, 2])
+        want = [(c.name, c.arguments) for c in parsing.parse(text).tool_calls]
+        assert _joined_fragments(parsing, _random_pieces(rng, text)) == want, text

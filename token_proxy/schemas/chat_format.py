@@ -60,7 +60,9 @@ PLAIN_TEXT = PlainText()
 
 class ToolsAndReasoning:
     """tools.OutputParsing behind the hook: vLLM 0.33's tool-call / reasoning split, one StreamParser
-    per streamed choice. Streamed calls equal parsed calls by construction (the stream replays the parse)."""
+    per streamed choice. Streamed calls equal parsed calls by construction (the stream replays the parse);
+    with --tool-call-streaming fragments, a call that never completes (cut by max_tokens) stays as far
+    as it was sent, and makes finish_reason "tool_calls" on a natural stop, as vLLM's `tools_streamed`."""
 
     def __init__(self, parsing: OutputParsing, tool_choice: object):
         self._parsing = parsing

@@ -75,8 +75,8 @@ class DeltaEvent:
     name: str | None = None
 
     def tool_call_delta(self) -> dict:
-        if self.kind == "tool_call":
-            return {"index": self.index, "id": self.id, "type": "function", "function": {"name": self.name}}
+        if self.kind == "tool_call":  # DeltaToolCall's field order: id, type, index, function
+            return {"id": self.id, "type": "function", "index": self.index, "function": {"name": self.name}}
         return {"index": self.index, "function": {"arguments": self.text}}
 
 

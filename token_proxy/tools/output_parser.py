@@ -3,7 +3,9 @@
 `OutputParsing` is built once per request (see tools.request.output_parsing). `parse(text)`
 handles a finished completion; `stream()` gives one `StreamParser` per choice, whose
 `feed(delta_text)` / `finish()` return DeltaEvents. The stream replays the same pure
-scans on the growing text, so its calls are those `parse` finds in the same text.
+scans on the growing text, so its calls are those `parse` finds in the same text. With
+tool_call_streaming "fragments" (formats with `progress`), a call's arguments go out as they
+become fixed; a call that never completes then stays half sent, as in vLLM's stream.
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ class OutputParsing:
     # vLLM also drops logprobs and token_ids (stream and whole) when the server has a parser and the
     # request says include_reasoning: false, so hidden reasoning cannot leak through them.
     hides_token_metadata: bool = False
+    # --tool-call-streaming: "fragments" streams arguments as they are generated (formats with
+    # `progress`: hermes, qwen3_coder); "whole" sends each call once complete, so a stream cut by
+    # max_tokens never holds a half call.
+    tool_call_streaming: str = "fragments"
+
+    @property
+    def streams_fragments(self) -> bool:
+        return self.tool_call_streaming == "fragments" and hasattr(self.tool_format, "progress")
 
     def parse(self, text: str) -> ParsedOutput:
         split = self.split(text, final=True)
@@ -71,7 +81,7 @@ class OutputParsing:
 
 
 class StreamParser:
-    """One choice's incremental parser: vLLM's delta sequence, nothing half-parsed leaked.
+    """One choice's incremental parser: vLLM's delta sequence; in "whole" mode nothing half-parsed leaked.
 
     Work per delta stays proportional to the delta, not to the text so far: only the text
     after what was already emitted (`_tail`) is rescanned. That is exact because no marker can
@@ -89,7 +99,9 @@ class StreamParser:
         self._rest_start = 0  # where the text after reasoning begins
         self._content_sent = 0
         self._pure_content = True  # so far the rest is all emitted content (no call, nothing held)
-        self.tool_calls: list[ToolCall] = []  # the calls streamed so far, with their ids
+        self.tool_calls: list[ToolCall] = []  # the calls streamed so far, with their ids (and arguments sent)
+        self._fragments = parsing.streams_fragments
+        self._progress_memo: dict = {}  # the format's per-call state between deltas (see `progress`)
         self.finished: ParsedOutput | None = None
 
     def feed(self, delta_text: str) -> list[DeltaEvent]:
@@ -158,12 +170,35 @@ class StreamParser:
             events.append(DeltaEvent("content", new_content))
             self._content_sent += len(new_content)
             self._tail = self._tail[len(new_content) :]
+        if self._fragments:
+            if scan.calls or _has_any(self._tail, fmt.triggers):
+                self._stream_fragments(self._tail, final, events)
+            return
         for index in range(len(self.tool_calls), len(scan.calls)):
             call = scan.calls[index]
             tool_call = ToolCall(fmt.new_id(), call.name, call.arguments)
             self.tool_calls.append(tool_call)
             events.append(DeltaEvent("tool_call", index=index, id=tool_call.id, name=call.name))
             events.append(DeltaEvent("arguments", text=call.arguments, index=index))
+
+    def _stream_fragments(self, text: str, final: bool, events: list[DeltaEvent]) -> None:
+        """vLLM's argument deltas: a call's first delta names it, later ones add what became fixed.
+
+        `text` starts at the first call marker. What was sent is never taken back: a call cut by
+        max_tokens stays half sent (finish_reason "length"), as in vLLM's stream.
+        """
+        parsing = self._parsing
+        progress = parsing.tool_format.progress(text, final, parsing.tools, self._progress_memo)
+        for index, call in enumerate(progress[:1] if parsing.single_call else progress):
+            if index == len(self.tool_calls):
+                self.tool_calls.append(ToolCall(parsing.tool_format.new_id(), call.name, ""))
+                events.append(DeltaEvent("tool_call", index=index, id=self.tool_calls[index].id, name=call.name))
+            sent = self.tool_calls[index]
+            # A prefix only: an object repeating a key re-orders the final arguments (json.loads keeps
+            # the last value at the first place), and what was sent cannot be taken back.
+            if len(call.arguments) > len(sent.arguments) and call.arguments.startswith(sent.arguments):
+                events.append(DeltaEvent("arguments", text=call.arguments[len(sent.arguments):], index=index))
+                self.tool_calls[index] = ToolCall(sent.id, sent.name, call.arguments)
 
 
 def _has_any(text: str, chars: str) -> bool:

@@ -174,10 +174,11 @@ def output_parsing(
     chat_template_kwargs: dict | None = None,
     parallel_tool_calls: bool | None = True,
     include_reasoning: bool = True,
+    tool_call_streaming: str = "fragments",
 ) -> OutputParsing:
     """How to parse this request's completions (call after validate_tools).
 
-    `tool_parser`, `auto_tool_choice` and `reasoning_parser` are the server's flags; the rest
+    `tool_parser`, `auto_tool_choice`, `reasoning_parser` and `tool_call_streaming` are the server's flags; the rest
     are the request's fields (tool_choice raw: None when absent).
     """
     choice = effective_tool_choice(tools, tool_choice)
@@ -206,6 +207,7 @@ def output_parsing(
         single_call=parallel_tool_calls is False,
         include_reasoning=include_reasoning,
         hides_token_metadata=not include_reasoning and bool((tool_parser and auto_tool_choice) or reasoning_parser),
+        tool_call_streaming=tool_call_streaming,
     )
 
 

@@ -75,7 +75,8 @@ def output_parsing_of(ctx: ProxyContext, req: ChatRequest) -> OutputParsing:
                           auto_tool_choice=ctx.settings.enable_auto_tool_choice,
                           reasoning_parser=ctx.settings.reasoning_parser,
                           chat_template_kwargs=req.prompt.chat_template_kwargs,
-                          parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning)
+                          parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning,
+                          tool_call_streaming=ctx.settings.tool_call_streaming)
 
 
 def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:

@@ -9,12 +9,27 @@ whole output as content; a replayable stream cannot take back what it already se
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 from token_proxy.tools.calls import FunctionCall, IdFactory, vllm_call_id
-from token_proxy.tools.formats.scan import Scan, content_before, dump_arguments, first_json, held_back
+from token_proxy.tools.formats.json_prefix import JsonHead
+from token_proxy.tools.formats.scan import (
+    CallProgress,
+    Scan,
+    content_before,
+    dump_arguments,
+    first_json,
+    held_back,
+)
 
 START, END = "<tool_call>", "</tool_call>"
+# An open call's head: name first, then arguments, as Hermes / Qwen templates write them. As vLLM's
+# streaming parser: the header once `"name": "..."` is complete, then what follows `"arguments":`
+# (arguments written before the name are sent whole, once the call is complete).
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
+_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:')
 
 
 def call_from_json(body: str) -> FunctionCall | None:
@@ -55,3 +70,32 @@ class HermesFormat:
         content = content_before(text, text.find(START), final, (START,))
         calls = [call_from_json(body) for body in tagged_regions(text, START, END, final)]
         return Scan(content, [call for call in calls if call is not None])
+
+    def progress(self, text: str, final: bool, tools: list | None, memo: dict | None = None) -> list[CallProgress]:
+        """Each `<tool_call>` region with a known name: closed ones parsed (as `scan`), the open one's
+        arguments as far as they are fixed. A later call waits for an earlier name. `memo` (the
+        stream's, kept between calls) holds a JsonHead per region, so each call costs about the delta."""
+        memo = {} if memo is None else memo
+        calls, pos = [], 0
+        while (start := text.find(START, pos)) >= 0:
+            body_start = start + len(START)
+            end = text.find(END, body_start)
+            body = text[body_start:] if end < 0 else text[body_start:end]
+            if end < 0:
+                body = body[: len(body) - held_back(body, (END,))]
+            name = _NAME.match(body)
+            arguments = _ARGUMENTS.match(body, name.end()) if name else None
+            # A closed (or final) region is a call if it parses, as `scan` decides.
+            call = call_from_json(body) if end >= 0 or final or (name and not arguments) else None
+            if call is not None:
+                calls.append(CallProgress(call.name, call.arguments))
+            elif name is not None:
+                head = memo.setdefault(body_start, JsonHead())
+                calls.append(CallProgress(json.loads(name[1]),
+                                          head.advance(body[arguments.end():], final)[0] if arguments else ""))
+            elif end < 0:
+                break  # its name is still arriving
+            if end < 0:
+                break
+            pos = end + len(END)
+        return calls

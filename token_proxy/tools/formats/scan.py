@@ -23,6 +23,16 @@ class Scan:
     calls: list[FunctionCall] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class CallProgress:
+    """A call begun in a streamed text: its name and the fixed head of its arguments text
+    (all of it once the call is complete; see json_prefix). Formats that can say this
+    (`progress`) stream argument fragments; the others stream each call whole."""
+
+    name: str
+    arguments: str
+
+
 class ToolFormat(Protocol):
     name: str
     new_id: IdFactory  # the id a new call gets
@@ -34,6 +44,11 @@ class ToolFormat(Protocol):
     prefix_content: bool
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan: ...
+
+    # Optional (hermes, qwen3_coder): every call region begun in `text` whose name is known, in
+    # order, each `arguments` a prefix of the text the finished call carries. `memo` is the
+    # stream's dict, kept between calls, so the format can go on where it stopped.
+    # def progress(self, text: str, final: bool, tools: list | None, memo: dict | None) -> list[CallProgress]: ...
 
 
 def held_back(text: str, markers: tuple[str, ...]) -> int:
