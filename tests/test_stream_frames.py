@@ -142,6 +142,19 @@ def test_batched_reads_partial_utf8_and_empty_events(fmt):
     assert ("🙂x".encode() in raw) is not fmt.startswith("generate")  # /generate's chunks carry no text
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_one_event_per_read_partial_utf8_and_empty_events(fmt):
+    """The same events, one per read (the frames' single-event way): held-back text, ids without text,
+    an event with neither (writes nothing), a weight version that changes mid-stream."""
+    sampling, make = FORMATS[fmt]()
+    events = [event("A", [1]), event("c\ufffd", [3]), event("\ufffd", [4]), event("", [5]), event("", []),
+              event("é", [6], index=0), event("x", [7], weight_version="v2"), event("\ufffd\ufffd", [8]),
+              event("🙂x", [9], cached_tokens=0), event("", [EOS], STOP_EOS)]
+    raw = assert_same_bytes(sampling, make, [[ev] for ev in events])
+    assert ("🙂x".encode() in raw) is not fmt.startswith("generate")
+    assert raw.count(b"data: ") == raw.count(b"\n\n")
+
+
 @pytest.mark.parametrize("fmt", ["chat+ids", "completion+ids+echo", "generate"])
 def test_weight_version_changes_give_the_same_spans(fmt):
     sampling, make = FORMATS[fmt]()

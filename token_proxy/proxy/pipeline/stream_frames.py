@@ -44,6 +44,11 @@ class StreamFrames:
                 self._plain = self._template is not None
             return sse_frames(chunks)
         feed_running = self._rules.feed_running
+        if len(events) == 1:  # one token per network read: most reads of most streams
+            new = feed_running(events[0])
+            if new is NOT_RUNNING:
+                return sse_frames(self._chunks(events))
+            return b"" if new is None else template(*new)
         out = []
         for event in events:
             new = feed_running(event)
