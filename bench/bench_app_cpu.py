@@ -32,8 +32,8 @@ import orjson
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_ceiling import tree_cpu_s  # noqa: E402
-from bench_proxy import chat_prompt, free_port, start  # noqa: E402
+from bench_ceiling import tree_cpu_s
+from bench_proxy import chat_prompt, free_port, start
 
 
 def chat_body(tokens: int, stream: bool, salt: int | None) -> bytes:
@@ -90,7 +90,7 @@ async def run(args, sim, proxies, pipe) -> dict:
     salt = 0
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
-        for _, (url, _pid) in proxies.items():  # warm-up
+        for url, _pid in proxies.values():  # warm-up
             await drive(session, url + "/v1/chat/completions", [chat_body(128, True, None)] * 20, 4)
         hit = chat_body(1, False, None)
         generate = orjson.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 1}})

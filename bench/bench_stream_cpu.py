@@ -21,10 +21,10 @@ import asyncio
 import socket
 import statistics
 import time
+from typing import ClassVar
 
 import orjson
 
-from token_proxy.proxy.http_io import SSEWriter
 from token_proxy.proxy.pipeline.call import _relay
 from token_proxy.proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.proxy.request_stats import RequestStats
@@ -99,7 +99,7 @@ class Request:
 
 
 class Response:
-    headers = {"Transfer-Encoding": "chunked"}
+    headers: ClassVar[dict] = {"Transfer-Encoding": "chunked"}
 
     async def write(self, data):
         self.written = data
