@@ -3,6 +3,10 @@ histogram one-by-one observe() gives."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -50,3 +54,22 @@ def test_a_histogram_without_the_expected_internals_is_observed_one_by_one():
     plain = Plain()
     observe_many(plain, [0.5, 0.25])
     assert plain.seen == [0.5, 0.25]
+
+
+def test_under_workers_mmapd_values_take_the_same_counts(tmp_path):
+    """--workers: prometheus-client's multiprocess values (chosen at import, so in a child process)."""
+    script = f"""
+from prometheus_client import CollectorRegistry, Histogram, values
+from token_proxy.proxy.ops.metrics import observe_many
+assert values.ValueClass.__name__ == "MmapedValue", values.ValueClass
+one, many = (Histogram(name, "g", ["m"], buckets={BOUNDS!r}, registry=CollectorRegistry()).labels("m")
+             for name in ("one", "many"))
+for a in {AMOUNTS!r}:
+    one.observe(a)
+observe_many(many, {AMOUNTS!r})
+print([b.get() for b in one._buckets] == [b.get() for b in many._buckets], abs(one._sum.get() - many._sum.get()) < 1e-9)
+"""
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.stdout.strip() == "True True", out.stderr[-2000:]
