@@ -182,6 +182,23 @@ def test_stream_cut_off_without_a_finish_writes_the_same_chunks():
     assert_same_bytes(sampling, make, words(5) + [[event("z", [9], weight_version="v9")]])
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_first_read_of_many_events_takes_the_template_after_its_first_chunk(fmt, monkeypatch):
+    """A fast engine's first read holds many events: only those before the first chunk (an event held
+    back entirely too) and the last take the general way, the rest of that read the template."""
+    general = []
+    feed = OutputRules.feed
+    monkeypatch.setattr(OutputRules, "feed", lambda self, ev: general.append(ev["text"]) or feed(self, ev))
+    sampling, make = FORMATS[fmt]()
+    first = [event("\ufffd", []), event("A\ufffd", [1]), *(event(w, [i]) for i, w in enumerate(WORDS, 2))]
+    batches = [first, [event("x", [90]), event("", [EOS], STOP_EOS)]]
+    assert_same_bytes(sampling, make, batches)
+    general.clear()
+    run(sampling, make, batches, general=False)
+    # generate's chunks carry no text: its first chunk (the ids of "A") is out at the 2nd event too.
+    assert general == ["\ufffd", "A\ufffd", ""]
+
+
 @pytest.mark.parametrize("fmt,body", [
     ("chat", {"n": 2}),
     ("chat", {"logprobs": True}),
