@@ -121,6 +121,8 @@ class OutputRules:
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         self._versions = VersionSpans()  # a choice that spans a weight update reports each version
+        # feed_running's last tracked version (only `feed` tracks before it starts and after it ends)
+        self._running_version: object = None
         self.finish_reasons: list[str] = []  # vLLM's, one per finished choice (vllm:request_success_total)
 
     @property
@@ -196,7 +198,8 @@ class OutputRules:
         else:
             delta = text[sent:end]
             state.sent_chars = end
-        if version is not None and new_tokens:
+        if version is not None and new_tokens and version != self._running_version:  # most events repeat it
+            self._running_version = version
             self._versions.track(0, version, state.ids_seen - new_tokens, new_tokens)
         return delta, ids
 
