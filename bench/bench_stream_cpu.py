@@ -52,13 +52,14 @@ def sglang_event(i: int, tokens: int) -> bytes:
     return b"data: " + orjson.dumps({"text": f" w{i % 50}", "output_ids": [1000 + i % 5000], "meta_info": meta}) + b"\n\n"
 
 
-def chunked_reads(tokens: int) -> list[bytes]:
-    """The network reads of one stream: headers + first event, then one chunk per read, then the end."""
+def chunked_reads(tokens: int, per_read: int = 1) -> list[bytes]:
+    """The network reads of one stream: headers + first event, then `per_read` chunks per read, then the end."""
     chunks = [b"%x\r\n%b\r\n" % (len(ev), ev) for ev in (sglang_event(i, tokens) for i in range(tokens))]
     done = b"data: [DONE]\n\n"
     head = (b"HTTP/1.1 200 OK\r\ndate: x\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
             b"transfer-encoding: chunked\r\n\r\n")
-    return [head + chunks[0], *chunks[1:], b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done)]
+    rest = [b"".join(chunks[i:i + per_read]) for i in range(per_read, tokens, per_read)]
+    return [head + b"".join(chunks[:per_read]), *rest, b"%x\r\n%b\r\n0\r\n\r\n" % (len(done), done)]
 
 
 class Transport:
@@ -180,8 +181,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--per-read", type=int, default=1, help="SGLang events per network read (1: a GPU's pace)")
     args = parser.parse_args()
-    reads = chunked_reads(args.tokens)
+    reads = chunked_reads(args.tokens, args.per_read)
     try:
         import uvloop
         runner = uvloop.run
@@ -192,7 +194,7 @@ def main() -> None:
     async def feed_only(streams):  # the benchmark's own driving cost (reads, loop turns), no proxy work
         t0 = time.process_time()
         for _ in range(streams):
-            for _data in reads[1:]:
+            for _data in reads[1:]:  # one turn per read, as `measure` drives them
                 try:
                     raise BlockingIOError
                 except BlockingIOError:
@@ -210,7 +212,7 @@ def main() -> None:
     runner(rounds())
     base = statistics.median(results["feed only"])
     events = args.tokens
-    print(f"{args.streams} streams x {events} events, {args.rounds} rounds (median, min..max); "
+    print(f"{args.streams} streams x {events} events, {args.per_read} per read, {args.rounds} rounds (median, min..max); "
           f"'net' subtracts the benchmark's own driving cost ({base / args.streams / events * 1e6:.1f} us/event)")
     print(f"| transport | us per event (net) | ms per {events}-token stream (net) | spread, ms per stream |")
     print("|---|---|---|---|")
