@@ -174,6 +174,11 @@ def main() -> None:
         else:  # the pipe: all of it per event
             cells.append(f"{statistics.median(row['stream 128']) / 128 * 1000:.1f}")
         print(f"| {code} | " + " | ".join(cells) + " |")
+    builds = [code for code in results if "stream 1" in results[code]]
+    for code in builds[1:]:  # paired: the same round's difference to the first build (noise shared by both)
+        diffs = {k: [b - a for a, b in zip(results[builds[0]][k], results[code][k])] for k in keys}
+        print(f"paired, {code} minus {builds[0]}: " + ", ".join(
+            f"{k} {statistics.median(d):+.3f} ms ({min(d):+.2f}..{max(d):+.2f})" for k, d in diffs.items()))
 
 
 if __name__ == "__main__":
