@@ -4,7 +4,7 @@ Starts the simulator (SGLang incremental streams, one token per event) and one p
 directory (each with that checkout first on PYTHONPATH) in front of it (`--tpot-ms` > 0: each
 event arrives in its own read, as from a GPU), then runs interleaved rounds:
 each round drives every proxy in turn with the same requests and reads the proxy's own CPU
-(utime+stime of its process from /proc, which counts the kernel's send/recv too). Points:
+(every thread's on-CPU time from /proc/PID/task/*/schedstat, which counts the kernel's send/recv too). Points:
 
 - `stream 128`: a streamed chat, 128 tokens out (ignore_eos), 128 SGLang events;
 - `stream 1`: the same with 1 token out: (128 - 1) subtracted gives CPU per event, and this the per-request part;
@@ -32,8 +32,20 @@ import orjson
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_ceiling import tree_cpu_s
 from bench_proxy import chat_prompt, free_port, start
+
+
+def cpu_s(pid: int) -> float:
+    """On-CPU seconds of every thread of `pid` (schedstat: nanoseconds, where /proc's utime+stime
+    counts 10 ms ticks; the proxy has no child processes without --workers)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            continue  # a thread that ended (its time is lost: the executor's threads live on)
+    return total / 1e9
 
 
 def chat_body(tokens: int, stream: bool, salt: int | None) -> bytes:
@@ -66,15 +78,15 @@ async def drive(session, url, bodies, concurrency) -> None:
 
 async def point(session, proxy, pid, bodies, concurrency) -> float:
     """ms of proxy CPU per request."""
-    cpu0 = tree_cpu_s(pid)
+    cpu0 = cpu_s(pid)
     await drive(session, proxy + "/v1/chat/completions", bodies, concurrency)
-    return (tree_cpu_s(pid) - cpu0) * 1000 / len(bodies)
+    return (cpu_s(pid) - cpu0) * 1000 / len(bodies)
 
 
 async def pipe_cpu(session, pipe, pid, n, concurrency) -> float:
     body = orjson.dumps({"text": "hello", "stream": True,
                          "sampling_params": {"max_new_tokens": 128, "ignore_eos": True}})
-    cpu0 = tree_cpu_s(pid)
+    cpu0 = cpu_s(pid)
     queue = [body] * n
 
     async def worker():
@@ -82,7 +94,7 @@ async def pipe_cpu(session, pipe, pid, n, concurrency) -> float:
             await one(session, pipe + "/generate", queue.pop())
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return (tree_cpu_s(pid) - cpu0) * 1000 / n
+    return (cpu_s(pid) - cpu0) * 1000 / n
 
 
 async def run(args, sim, proxies, pipe) -> dict:
@@ -161,7 +173,7 @@ def main() -> None:
             proc.terminate()
     print(f"{args.rounds} interleaved rounds x {args.requests} requests at c={args.concurrency}, "
           f"simulator tpot {args.tpot_ms} ms; "
-          f"median (min..max) of the rounds; proxy process CPU from /proc")
+          f"median (min..max) of the rounds; proxy process on-CPU time from /proc/PID/task/*/schedstat")
     keys = ["stream 128", "stream 1", "whole miss", "whole hit", "c=1 hit added"]
     print("| build | " + " | ".join(f"{k} ms" for k in keys) + " | us per event |")
     print("|---|" + "---|" * (len(keys) + 1))
