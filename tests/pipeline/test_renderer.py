@@ -47,6 +47,18 @@ def test_the_rust_encoder_matches_tokenizer_encode(hf_tokenizer, add_special_tok
         assert encode(text, add_special_tokens) == hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
+def test_the_rust_encoder_skips_offsets_with_the_same_ids(hf_tokenizer):
+    """encode_batch_fast (no character offsets) where tokenizers has it: the ids of transformers' encode,
+    special tokens, odd whitespace and long texts included."""
+    backend = hf_tokenizer.backend_tokenizer
+    assert hasattr(backend, "encode_batch_fast")  # tokenizers >= 0.21 (the venv's): the fast way is taken
+    texts = [*TEXTS, " \u2028 \x00\x01 <think>\n\n</think>" * 50, "<|im_start|><|im_end|><|endoftext|>" * 3]
+    encode = text_encoder(hf_tokenizer)
+    for text in texts:
+        for special in (False, True):
+            assert encode(text, special) == hf_tokenizer.encode(text, add_special_tokens=special)
+
+
 def test_the_encoder_defers_to_transformers_when_it_would_do_otherwise(hf_tokenizer):
     tokenizer = copy.deepcopy(hf_tokenizer)
     encode = text_encoder(tokenizer)

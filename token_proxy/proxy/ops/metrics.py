@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from bisect import bisect_left
 from functools import partial
 
 from aiohttp import web
@@ -270,9 +271,7 @@ class ProxyMetrics:
         if not stats.stream or stats.first_token_at is None:  # a whole reply has no first-token time
             return
         self.child(self.vllm_ttft, model, engine).observe(stats.first_token_at - stats.started_at)
-        itl = self.child(self.vllm_itl, model, engine)
-        for gap in stats.event_gaps:
-            itl.observe(gap)
+        observe_many(self.child(self.vllm_itl, model, engine), stats.event_gaps)
         decode_tokens = stats.completion_tokens - 1
         per_token = (stats.last_event_at - stats.first_token_at) / decode_tokens if decode_tokens > 0 else 0.0
         self.child(self.vllm_tpot, model, engine).observe(per_token)
@@ -351,6 +350,31 @@ class ProxyMetrics:
         self.weight_version_info.clear()
         self.weight_version_info.labels(version).set(1)
         self.weight_version.set(_as_number(version))
+
+
+def observe_many(histogram, amounts: list[float]) -> None:
+    """`histogram.observe(a)` for every amount, as one write per bucket touched and one to the sum: a
+    stream's inter-token gaps are ~130 observations, each a locked write (an mmap'd file's under
+    --workers), 0.7 us each here, 1.9 us under --workers. Reads prometheus-client's Histogram internals;
+    where they are not as expected, observes one by one. (The sum is added at once: it may differ
+    from one-by-one adds in the last bit.)"""
+    if not amounts:
+        return
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets) or bounds[-1] != math.inf:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    total.inc(sum(amounts))
+    # observe() counts an amount in the first bucket whose upper bound is >= it: bisect_left's index.
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        index = bisect_left(bounds, amount)
+        counts[index] = counts.get(index, 0) + 1
+    for index, n in counts.items():
+        buckets[index].inc(n)
 
 
 def _as_number(version: str) -> float:

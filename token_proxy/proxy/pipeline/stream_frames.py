@@ -38,12 +38,24 @@ class StreamFrames:
     def frames(self, events: list[dict]) -> bytes:
         template = self._template
         if template is None:
-            chunks = self._chunks(events)
-            if chunks and self._plain:  # cut once the stream's first chunk is out (see `plain_chunks`)
-                self._template = chunk_template(self._formatter)
-                self._plain = self._template is not None
-            return sse_frames(chunks)
+            if not self._plain:
+                return sse_frames(self._chunks(events))
+            # Cut once the stream's first chunk is out (see `plain_chunks`), and use it for the rest of
+            # the same read: a read can hold many events (a fast engine, a busy loop).
+            for k, event in enumerate(events):
+                chunks = self._chunks((event,))
+                if chunks:
+                    self._template = chunk_template(self._formatter)
+                    self._plain = self._template is not None
+                    head = sse_frames(chunks)
+                    return head + self.frames(events[k + 1:]) if k + 1 < len(events) else head
+            return b""
         feed_running = self._rules.feed_running
+        if len(events) == 1:  # one token per network read: most reads of most streams
+            new = feed_running(events[0])
+            if new is NOT_RUNNING:
+                return sse_frames(self._chunks(events))
+            return b"" if new is None else template(*new)
         out = []
         for event in events:
             new = feed_running(event)

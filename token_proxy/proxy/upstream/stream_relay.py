@@ -222,7 +222,12 @@ class RelayStream(asyncio.Protocol):
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
                 break
-            length = _chunk_size(buf[pos:eol])
+            try:  # the common size line inline; _chunk_size for extensions and errors
+                length = int(buf[pos:eol], 16)
+            except ValueError:
+                length = -1
+            if length < 0:
+                length = _chunk_size(buf[pos:eol])
             pos = eol + 2
             if length == 0:  # the last chunk (trailers, if any, are not read)
                 if out:
@@ -236,7 +241,7 @@ class RelayStream(asyncio.Protocol):
                 pos = end + 2
                 continue
             self._left = length
-        self._buf = buf[pos:]
+        self._buf = buf[pos:] if pos < size else b""
         if out:
             self._body_bytes(out[0] if len(out) == 1 else b"".join(out))
 
@@ -319,7 +324,7 @@ class RelayStream(asyncio.Protocol):
         if sink(events):
             self._end()
             return
-        if self._downstream.blocked() and not self._paused:
+        if not self._paused and self._downstream.blocked():
             self._paused = True
             if self.transport is not None and not self._lost:
                 self.transport.pause_reading()
