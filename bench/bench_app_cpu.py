@@ -30,9 +30,10 @@ import time
 import aiohttp
 import orjson
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_proxy import chat_prompt, free_port, start
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def cpu_s(pid: int) -> float:

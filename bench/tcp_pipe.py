@@ -45,7 +45,7 @@ def main() -> None:
         class Front(Half):
             def connection_made(self, transport):
                 super().connection_made(transport)
-                loop.create_task(self.connect())
+                self.connecting = loop.create_task(self.connect())  # held: the loop keeps only a weak ref
 
             async def connect(self):
                 back = Half()
