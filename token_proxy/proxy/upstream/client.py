@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -20,6 +20,7 @@ from token_proxy.errors import (
     InvalidRequest,
     ProxyError,
 )
+from token_proxy.proxy.upstream.keepalive import send
 from token_proxy.proxy.upstream.stream_relay import (
     DONE_EVENT,
     Downstream,
@@ -37,11 +38,16 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 class SGLangClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, request_timeout_s: float,
                  connect_timeout_s: float = 10.0, first_token_timeout_s: float = 0.0,
-                 stream_idle_timeout_s: float = 0.0):
+                 stream_idle_timeout_s: float = 0.0, *, fresh: aiohttp.ClientSession | None = None,
+                 on_retry: Callable[[str], None] | None = None):
         """Timeouts: total per request; for streams also until the first event and between events
-        (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done."""
+        (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done.
+        `session` is the pool (keepalive.py: sglang_sessions); `fresh` opens a connection per request,
+        for the one retry of a call whose reused connection SGLang had closed (`on_retry(reason)`)."""
         self.base_url = base_url.rstrip("/")
         self._session = session
+        self._fresh = fresh
+        self._on_retry = on_retry
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
         self._stream_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s,
                                                      sock_read=stream_idle_timeout_s or None)
@@ -132,8 +138,8 @@ class SGLangClient:
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
         try:
-            async with self._session.post(f"{self.base_url}/abort_request", data=orjson.dumps({"rid": rid}),
-                                          headers=_JSON_HEADERS, timeout=self._short) as resp:
+            async with await self._send("POST", "/abort_request", data=orjson.dumps({"rid": rid}),
+                                        headers=_JSON_HEADERS, timeout=self._short) as resp:
                 await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("abort of %s failed: %s", rid, exc)
@@ -141,7 +147,7 @@ class SGLangClient:
     async def get_json(self, path: str, timeout_s: float | None = None):
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self._short
         try:
-            async with self._session.get(f"{self.base_url}{path}", timeout=timeout) as resp:
+            async with await self._send("GET", path, timeout=timeout) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise _error_from_status(resp.status, body)
@@ -157,8 +163,7 @@ class SGLangClient:
     async def health_problem(self, timeout_s: float = 5.0) -> str | None:
         """None when SGLang's /health answers 200; else what happened, in a few words."""
         try:
-            async with self._session.get(f"{self.base_url}/health",
-                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with await self._send("GET", "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 await resp.read()
                 return None if resp.status == 200 else f"HTTP status {resp.status}"
         except asyncio.TimeoutError:  # first: aiohttp's timeouts are ClientErrors too
@@ -171,8 +176,7 @@ class SGLangClient:
     async def metrics_text(self, timeout_s: float) -> str:
         """SGLang's Prometheus page (served only with --enable-metrics: a 404 without it)."""
         try:
-            async with self._session.get(f"{self.base_url}/metrics",
-                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with await self._send("GET", "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise _error_from_status(resp.status, body)
@@ -184,7 +188,8 @@ class SGLangClient:
 
     def at(self, base_url: str) -> SGLangClient:
         """The same session and timeouts, aimed at another server (one worker behind a router)."""
-        return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect)
+        return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect,
+                            fresh=self._fresh, on_retry=self._on_retry)
 
     async def call(self, method: str, path: str, body: bytes | None, timeout_s: float,
                    headers: dict | None = None) -> tuple[int, bytes, str]:
@@ -193,8 +198,7 @@ class SGLangClient:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeout.sock_connect)
         headers = _JSON_HEADERS if headers is None and body is not None else headers
         try:
-            async with self._session.request(method, f"{self.base_url}{path}", data=body, headers=headers,
-                                             timeout=timeout) as resp:
+            async with await self._send(method, path, data=body, headers=headers, timeout=timeout) as resp:
                 return resp.status, await resp.read(), resp.content_type
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
@@ -204,12 +208,17 @@ class SGLangClient:
 
     def open(self, method: str, path_qs: str, body: bytes | None, headers: dict) -> _Call:
         """A raw request whose response the caller streams on (the pass-through of unowned routes)."""
-        return _Call(self._session.request(method, f"{self.base_url}{path_qs}", data=body, headers=headers,
-                                           timeout=self._timeout, allow_redirects=False), self.base_url)
+        return _Call(self._send(method, path_qs, data=body, headers=headers, timeout=self._timeout,
+                                allow_redirects=False), self.base_url)
 
     def _post(self, path: str, payload: dict, timeout: aiohttp.ClientTimeout | None = None) -> _Call:
-        return _Call(self._session.post(f"{self.base_url}{path}", data=orjson.dumps(payload),
-                                        headers=_JSON_HEADERS, timeout=timeout or self._timeout), self.base_url)
+        return _Call(self._send("POST", path, data=orjson.dumps(payload), headers=_JSON_HEADERS,
+                                timeout=timeout or self._timeout), self.base_url)
+
+    def _send(self, method: str, path: str, **kwargs):
+        """Every HTTP call to SGLang goes out here (streams on the relay open their own connection):
+        the response once its headers are in, with keepalive.py's one retry of a closed idle connection."""
+        return send(self._session, self._fresh, method, f"{self.base_url}{path}", self._on_retry, **kwargs)
 
 
 class GeneratorStream:
@@ -233,22 +242,24 @@ class GeneratorStream:
 
 
 class _Call:
-    """Wraps a request context so connection failures and timeouts surface as typed errors."""
+    """Wraps a request being sent so connection failures and timeouts surface as typed errors."""
 
-    def __init__(self, ctx, base_url: str):
-        self._ctx = ctx
+    def __init__(self, sending, base_url: str):
+        self._sending = sending  # a coroutine: the response, once its headers are in
+        self._resp: aiohttp.ClientResponse | None = None
         self._base_url = base_url
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
-            return await self._ctx.__aenter__()
+            self._resp = await self._sending
+            return self._resp
         except asyncio.TimeoutError as exc:  # first: aiohttp's ServerTimeoutError is a ClientError too
             raise BackendTimeout("SGLang did not answer in time") from exc
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self._base_url} is unreachable: {exc}") from exc
 
     async def __aexit__(self, exc_type, exc, tb):
-        await self._ctx.__aexit__(exc_type, exc, tb)
+        await self._resp.__aexit__(exc_type, exc, tb)  # released (or closed, when broken)
         if isinstance(exc, ProxyError) or exc is None or isinstance(exc, asyncio.CancelledError):
             return False
         if isinstance(exc, aiohttp.ServerTimeoutError):
