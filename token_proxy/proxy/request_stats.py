@@ -24,6 +24,7 @@ class RequestStats:
     first_token_at: float | None = None  # perf_counter() when the first output reached the client
     finished_at: float | None = None
     client_disconnected: bool = False
+    overloaded: bool = False  # refused by admission (503 + Retry-After, the proxy's own capacity)
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
 

@@ -320,7 +320,7 @@ async def observe_requests(request: web.Request, handler):
     try:
         response = await handler(request)
         status = response.status
-        overloaded = status == 503 and "Retry-After" in response.headers  # the proxy's own refusal
+        overloaded = stats.overloaded  # the proxy's own refusal (a 503 from SGLang's side is not)
         if isinstance(response, web.Response) and not response.prepared:
             # A whole reply leaves now, so the client does not wait for the bookkeeping below;
             # aiohttp's own prepare and write_eof then find it sent.
