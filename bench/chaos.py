@@ -17,6 +17,7 @@ The bar is 0 lost.
 Faults (the simulator closes idle keep-alive connections late, as SGLang's uvicorn does, in every run;
 the gaps sweep across its keep-alive):
   keepalive          nothing else
+  keepalive_pool_30s nothing else, the proxy's pool kept 30 s (as before --backend-keepalive): retries
   sglang_kill        kill -9 the SGLang simulator mid-burst, start it again on the same port
   weights_primerl    prime-rl's POST /update_weights {"weight_dir"} mid-burst
   weights_vllm       vLLM's POST /pause?mode=keep, /update_weight_version, /resume mid-burst
@@ -188,8 +189,8 @@ class Ledger:
 
 
 def table(ledgers: list[Ledger]) -> str:
-    lines = ["| fault | sent | ids | actionable error | lost | client left | cut (killed worker) | "
-             "upstream retries | what the errors said |",
+    lines = [("| fault | sent | ids | actionable error | lost | client left | cut (killed worker) | "
+              "upstream retries | what the errors said |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for ledger in ledgers:
         c = ledger.counts()
@@ -244,6 +245,7 @@ class Env:
     proxy: subprocess.Popen | None = None
     proxy_url: str = ""
     workers: int = 1
+    keepalive: float = 0.0
     weights: Path | None = None
     version: int = 0
 
@@ -262,13 +264,13 @@ class Env:
         with open(self.log_dir / "sim.log", "ab") as log:
             self.sim = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
 
-    def start_proxy(self, workers: int) -> None:
+    def start_proxy(self, workers: int, keepalive: float) -> None:
         self.stop_proxy()
-        self.workers, port = workers, free_port()
+        self.workers, self.keepalive, port = workers, keepalive, free_port()
         self.proxy_url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "token_proxy", "--host", "127.0.0.1", "--port", str(port),
                "--backend", self.backend, "--workers", str(workers), "--log-level", "warning",
-               "--backend-keepalive", str(self.args.backend_keepalive)]
+               "--backend-keepalive", str(keepalive)]
         with open(self.log_dir / f"proxy-{port}.log", "ab") as log:
             self.proxy = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
         wait_healthy(self.proxy_url, self.proxy, 120, "/v1/models")
@@ -348,12 +350,13 @@ async def admin(session: aiohttp.ClientSession, env: Env, ledger: Ledger, method
 
 
 async def burst(session, env: Env, ledger: Ledger, size: int, max_tokens: int, leave_every: int,
-                counter: list[int]) -> None:
-    """`size` requests at once: every other one streamed; with leave_every, every n-th stream leaves."""
+                counter: list[int], streams: bool = True) -> None:
+    """`size` requests at once: every other one streamed (with `streams`); with leave_every, every
+    n-th stream leaves."""
     calls = []
     for k in range(size):
         counter[0] += 1
-        stream = k % 2 == 1
+        stream = streams and k % 2 == 1
         leave = bool(leave_every) and stream and (k // 2) % leave_every == 0
         calls.append(one_request(session, env, ledger, counter[0], max_tokens, stream, leave))
     await asyncio.gather(*calls)
@@ -407,10 +410,13 @@ class Scenario:
     faults: tuple[str, ...] = ()
     leave_every: int = 0  # client_disconnect: every n-th stream leaves
     workers: int = 1
+    backend_keepalive: float | None = None  # the proxy's --backend-keepalive, when not the run's
 
 
 SCENARIOS = (
     Scenario("keepalive"),
+    # The pool outliving SGLang's keep-alive (as before --backend-keepalive: 60 s against 5 s): the retry's work.
+    Scenario("keepalive_pool_30s", backend_keepalive=30.0),
     Scenario("sglang_kill", ("sglang_kill",)),
     Scenario("weights_primerl", ("weights_primerl",)),
     Scenario("weights_vllm", ("weights_vllm",)),
@@ -420,7 +426,7 @@ SCENARIOS = (
     Scenario("together", ("weights_primerl", "weights_vllm", "sleep_wake", "worker_kill", "sglang_kill"),
              leave_every=3, workers=2),
 )
-QUICK = ("keepalive", "weights_primerl", "client_disconnect", "sglang_kill")
+QUICK = ("keepalive_pool_30s", "weights_primerl", "client_disconnect", "sglang_kill")
 
 
 async def upstream_retries(session, env: Env) -> float | None:
@@ -442,7 +448,8 @@ async def run_scenario(env: Env, scenario: Scenario, args) -> Ledger:
         before = await upstream_retries(session, env)
         for r in range(args.rounds):
             tokens = args.max_tokens * (3 if scenario.name == "together" and r == fault_round else 1)
-            work = [burst(session, env, ledger, args.burst, tokens, scenario.leave_every, counter)]
+            work = [burst(session, env, ledger, args.burst, tokens, scenario.leave_every, counter,
+                          streams=not args.rhythm)]
             if r == fault_round:
                 for k, name in enumerate(scenario.faults):
                     work.append(_later(args.fault_at + k * args.stagger, FAULTS[name](session, env, ledger)))
@@ -460,12 +467,12 @@ async def _later(delay: float, coro) -> None:
     await coro
 
 
-def _recover(env: Env) -> None:
-    """Between scenarios: SGLang up, every fault undone (awake, resumed), the proxy serving."""
+def _recover(env: Env, undo: bool) -> None:
+    """Between scenarios: SGLang up, every fault undone (awake, resumed: `undo`), the proxy serving."""
     if env.sim is not None and env.sim.poll() is not None:
         env.start_sim()
     wait_healthy(env.backend, env.sim, 120)
-    for path in ("/wake_up", "/resume"):
+    for path in ("/wake_up", "/resume") if undo else ():
         with contextlib.suppress(OSError):
             urllib.request.urlopen(urllib.request.Request(env.proxy_url + path, data=b"", method="POST"), timeout=30)
     wait_healthy(env.proxy_url, env.proxy, 60, "/v1/models")
@@ -485,9 +492,10 @@ def run(args) -> list[Ledger]:
         env.start_sim()
         wait_healthy(env.backend, env.sim, 180)
         for scenario in scenarios:
-            if env.proxy is None or env.workers != scenario.workers:
-                env.start_proxy(scenario.workers)
-            _recover(env)
+            keepalive = scenario.backend_keepalive or args.backend_keepalive
+            if env.proxy is None or (env.workers, env.keepalive) != (scenario.workers, keepalive):
+                env.start_proxy(scenario.workers, keepalive)
+            _recover(env, undo=not args.rhythm)
             ledger = asyncio.run(run_scenario(env, scenario, args))
             ledgers.append(ledger)
             c = ledger.counts()
@@ -502,7 +510,8 @@ def run(args) -> list[Ledger]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sglang", help="a live SGLang URL (127.0.0.1) instead of the simulator")
-    p.add_argument("--rhythm", action="store_true", help="bursts and gaps only, no injected faults")
+    p.add_argument("--rhythm", action="store_true", help=("bursts of non-streaming chats and gaps only, no "
+                   "injected faults (SGLang's own keep-alive closes are the fault)"))
     p.add_argument("--quick", action="store_true", help=f"faults {', '.join(QUICK)}; 2 rounds of 6")
     p.add_argument("--faults", nargs="+", choices=[s.name for s in SCENARIOS], help="only these")
     p.add_argument("--rounds", type=int, default=4, help="bursts per fault (the fault hits the middle one)")
@@ -530,7 +539,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.backend_keepalive is None:
         args.backend_keepalive = 4.0 if args.sglang else round(args.sim_keep_alive * 0.8, 3)
     k = args.sim_keep_alive
-    gaps = args.gaps or ([4.5, 6.0] if args.sglang else [k - 0.1, k + 0.1, k + 0.3])
+    gaps = args.gaps or ([4.5, 6.0] if args.sglang else [k + 0.2] if args.quick else [k - 0.1, k + 0.1, k + 0.3])
     if args.rhythm and len(gaps) == 2 and args.rounds > 1:  # MIN MAX: a sweep across the rounds
         lo, hi = gaps
         gaps = [lo + (hi - lo) * r / (args.rounds - 2 or 1) for r in range(args.rounds - 1)]
