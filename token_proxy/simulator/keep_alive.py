@@ -14,6 +14,7 @@ this one: it would close on time, without the window.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from dataclasses import dataclass, field
 
@@ -93,9 +94,10 @@ async def keep_alive_close(request: web.Request, handler) -> web.StreamResponse:
         raise asyncio.CancelledError  # aiohttp ends the handler quietly; the socket is gone
     try:
         response = await handler(request)
-        if not response.prepared:  # sent now, so the idle time starts when the answer has left
-            await response.prepare(request)
-            await response.write_eof()
+        if not response.prepared and not transport.is_closing():  # sent now: idle from when it has left
+            with contextlib.suppress(ConnectionError):  # the client left meanwhile
+                await response.prepare(request)
+                await response.write_eof()
         return response
     finally:
         idle.answered(transport)
