@@ -93,6 +93,6 @@ def test_quick_run_loses_nothing(tmp_path):
     assert faults["client_disconnect"]["left"] == 2  # one stream of the 3 in each burst of 6 leaves
     # The gap (1.2 s) falls in the simulator's late keep-alive close (1 s, up to 0.5 s late) while the
     # pool keeps connections 30 s: whatever met a close was sent again (how many is chance here;
-    # tests/test_keepalive.py pins the lateness and counts).
+    # tests/sglang/test_keepalive.py pins the lateness and counts).
     assert faults["keepalive_pool_30s"]["ids"] == 12
     assert faults["keepalive_pool_30s"]["upstream_retries"] is not None  # the metric was read

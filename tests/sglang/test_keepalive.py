@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from token_proxy.proxy.ops.metrics import METRICS
-from token_proxy.proxy.upstream.keepalive import ReuseAwareConnector, send, stale_reason
+from token_proxy.proxy.upstream.client import ReuseAwareConnector, send, stale_reason
 from token_proxy.settings import Settings
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 

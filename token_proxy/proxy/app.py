@@ -14,9 +14,8 @@ from token_proxy.proxy.ops.metrics import METRICS, add_observability, observe_re
 from token_proxy.proxy.ops.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
 from token_proxy.proxy.sessions import add_sessions
-from token_proxy.proxy.upstream.client import SGLangClient
+from token_proxy.proxy.upstream.client import SGLangClient, sglang_sessions
 from token_proxy.proxy.upstream.connection import CONTEXT, SETTINGS, ProxyContext, keep_connected
-from token_proxy.proxy.upstream.keepalive import sglang_sessions
 from token_proxy.serving.role import OWNER, ROLE, WORKER, Role
 from token_proxy.settings import Settings
 
@@ -59,7 +58,7 @@ def create_app(settings: Settings, role: Role | None = None) -> web.Application:
 async def _proxy_context(app: web.Application):
     settings = app[SETTINGS]
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    # Every SGLang call (data, admin, fan-out, router) goes through this pool (upstream/keepalive.py).
+    # Every SGLang call (data, admin, fan-out, router) goes through this pool (upstream/client.py).
     async with sglang_sessions(settings.backend_keepalive_s) as (pooled, fresh):
         client = SGLangClient(settings.backend_url, pooled, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,

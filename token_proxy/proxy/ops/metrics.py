@@ -38,8 +38,8 @@ from token_proxy.errors import ProxyError
 from token_proxy.proxy.ops.access_log import add_request_id_header, log_request
 from token_proxy.proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.proxy.request_stats import RequestStats, stats_of
+from token_proxy.proxy.upstream.client import RETRY_REASONS
 from token_proxy.proxy.upstream.context import CONTEXT, SETTINGS
-from token_proxy.proxy.upstream.keepalive import RETRY_REASONS
 from token_proxy.serving.role import ROLE
 
 log = logging.getLogger(__name__)
