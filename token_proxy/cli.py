@@ -83,6 +83,8 @@ FLAG_GROUPS = (
          "logged as a warning (the proxy serves 503 meanwhile)")),
         ("--request-timeout", "request_timeout_s", float, "seconds one SGLang request may take"),
         ("--connect-timeout", "connect_timeout_s", float, "seconds to open a connection to SGLang"),
+        ("--backend-keepalive", "backend_keepalive_s", float, ("seconds an idle connection to SGLang is kept; "
+         "keep it under SGLang's SGLANG_TIMEOUT_KEEP_ALIVE (5 s by default)")),
         ("--first-token-timeout", "first_token_timeout_s", float, ("seconds until SGLang's first stream "
          "event (0: off)")),
         ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),

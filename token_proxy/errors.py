@@ -49,10 +49,13 @@ class MethodNotAllowed(ProxyError):
 
 
 class BackendUnavailable(ProxyError):
-    """SGLang cannot be reached (connection refused, reset)."""
+    """SGLang cannot be reached (connection refused, reset, restarting): retrying helps."""
 
     status = 503
     type = "ServiceUnavailableError"
+
+    def headers(self) -> dict:
+        return {"Retry-After": "1"}
 
 
 class BackendError(ProxyError):

@@ -20,6 +20,9 @@ class Settings:
     # Whole-request budget for one SGLang call (seconds).
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    # Seconds an idle connection to SGLang stays pooled: under SGLang's own keep-alive (uvicorn closes
+    # idle connections after SGLANG_TIMEOUT_KEEP_ALIVE, 5 s), else a request can meet the close.
+    backend_keepalive_s: float = 4.0
     # Threads that render chat templates and tokenize, off the event loop.
     tokenizer_threads: int = 2
     # Rendered-prompt LRU entries (GRPO sends each prompt many times).
@@ -116,6 +119,9 @@ class Settings:
             raise ValueError(f"--backend-wait must be >= 0 seconds, got {self.backend_wait_s:g}")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
+        if not 0 < self.backend_keepalive_s <= 3600:
+            raise ValueError(f"--backend-keepalive must be in (0, 3600] seconds and under SGLang's "
+                             f"SGLANG_TIMEOUT_KEEP_ALIVE (default 5), got {self.backend_keepalive_s:g}")
         if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
             raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
         if self.backend_url and not self.backend_url.startswith(("http://", "https://")):

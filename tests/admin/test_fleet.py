@@ -131,7 +131,11 @@ async def test_a_worker_restarting_mid_update_drops_its_requests_cleanly_and_the
     survivors = [asyncio.create_task(rollout(proxy))]  # queued behind the pause on the same worker
     response = await proxy.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_1")})
     body = await response.json()
-    assert response.status == 503 and body["outcome"] == "rolled_back", body
+    # The update's connection was cut before any answer; being a reused one, it was sent once more on a
+    # fresh connection (upstream/client.py: send), which the restarting worker answered 503.
+    assert response.status == 502 and body["outcome"] == "rolled_back", body
+    assert body["error"]["message"].startswith(f"update_weights failed on 1 of 3 worker(s): {url_of(sims[0])}: "
+                                               "HTTP 503"), body
     assert sims[0].app[RL_SIM].restarts == 1
     assert [(state(s).weight_version, state(s).weights_path) for s in sims] == [("default", BASE)] * 3
     assert not any(state(s).paused for s in sims)

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from token_proxy.proxy.ops.metrics import METRICS, UNMATCHED
+from token_proxy.proxy.request_stats import stats_of
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"
@@ -139,8 +140,10 @@ async def test_sglang_failures_count_by_kind(make_sim, make_proxy):
     before = await scrape(proxy)
     assert (await proxy.post(CHAT, json={"messages": user("hi"), "max_tokens": 2})).status == 504
     sim.app[SIM_STATE].crashed = True
-    assert (await proxy.post(CHAT, json={"messages": user("hi"), "max_tokens": 2})).status == 503
+    unavailable = await proxy.post(CHAT, json={"messages": user("hi"), "max_tokens": 2})
+    assert (unavailable.status, unavailable.headers.get("Retry-After")) == (503, "1")  # retrying helps
     after = await scrape(proxy)
+    assert delta(before, after, "token_proxy_overload_rejections_total", endpoint=CHAT) == 0
     errors = "token_proxy_backend_errors_total"
     assert delta(before, after, errors, endpoint=CHAT, kind="timeout") == 1
     assert delta(before, after, errors, endpoint=CHAT, kind="unavailable") == 1
@@ -148,7 +151,8 @@ async def test_sglang_failures_count_by_kind(make_sim, make_proxy):
 
 
 async def test_the_proxys_own_503_with_retry_after_is_not_an_sglang_error(sim, make_app_client):
-    async def refuse(request: web.Request) -> web.Response:
+    async def refuse(request: web.Request) -> web.Response:  # as admission refuses: marked on the stats
+        stats_of(request).overloaded = True
         return web.json_response({"error": {}}, status=503, headers={"Retry-After": "1"})
 
     proxy = await make_app_client(sim, routes=[("POST", "/test/refuse", refuse)])

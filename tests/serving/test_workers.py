@@ -301,25 +301,48 @@ async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"token-proxy-{proxy.proc.pid}-*"))  # run dir
 
 
-def test_a_worker_that_dies_ends_the_whole_proxy(tokenizer_dir, tmp_path):
+def test_a_killed_worker_is_started_again_while_the_other_serves(tokenizer_dir, tmp_path):
     port = free_port()
     log = tmp_path / "stderr.log"
     with open(log, "ab") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "token_proxy", "--workers", "2", "--host", "127.0.0.1",
                                  "--port", str(port), "--tokenizer", str(tokenizer_dir), "--log-format", "json"],
                                 stdout=sink, stderr=sink)
+
+    def status() -> int:
+        try:
+            return asyncio.run(call("POST", f"http://127.0.0.1:{port}/v1/completions",
+                                    json={"prompt": "hi", "max_tokens": 2}))[0]
+        except (aiohttp.ClientError, OSError):
+            return 0
+
+    def worker_one() -> int | None:
+        return next((pid for pid, cmd in children(proc.pid).items()
+                     if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1"), None)
+
     try:
         deadline = time.monotonic() + 60
-        while len(children(proc.pid)) < 3:
+        while len(children(proc.pid)) < 3 or status() != 200:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
-        kids = children(proc.pid)
-        worker = next(pid for pid, cmd in kids.items() if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1")
-        os.kill(worker, signal.SIGKILL)
-        assert proc.wait(30) == 1
-        assert not [pid for pid in kids if Path(f"/proc/{pid}").exists()]
+        killed = worker_one()
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while worker_one() in (None, killed):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        again = worker_one()
+        statuses = [status() for _ in range(8)]  # new connections: both workers take them
+        assert set(statuses) <= {200, 503}, statuses  # 503 (Retry-After): the new one still connecting
+        deadline = time.monotonic() + 60
+        while status() != 200 or status() != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
         errors = [line["message"] for line in map(json.loads, log.read_text().splitlines())
                   if line.get("level") == "error"]
-        assert errors == [f"worker 1 (pid {worker}) exited with status -9: stopping the proxy"]
+        assert errors == [(f"worker 1 (pid {killed}) exited with status -9: started again as pid {again} "
+                           "(its requests in flight were cut)")]
+        proc.terminate()
+        assert proc.wait(30) == 0
     finally:
         stop(proc)

@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-import aiohttp
 from aiohttp import web
 
 from token_proxy.proxy.http_io import send_response_headers
 from token_proxy.proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.proxy.ops.auth import ACCESS, AccessPolicy, access_control
-from token_proxy.proxy.ops.metrics import add_observability, observe_requests
+from token_proxy.proxy.ops.metrics import METRICS, add_observability, observe_requests
 from token_proxy.proxy.ops.middleware import openai_errors
 from token_proxy.proxy.routes import add_routes
 from token_proxy.proxy.sessions import add_sessions
-from token_proxy.proxy.upstream.client import SGLangClient
+from token_proxy.proxy.upstream.client import SGLangClient, sglang_sessions
 from token_proxy.proxy.upstream.connection import CONTEXT, SETTINGS, ProxyContext, keep_connected
 from token_proxy.serving.role import OWNER, ROLE, WORKER, Role
 from token_proxy.settings import Settings
@@ -58,13 +57,13 @@ def create_app(settings: Settings, role: Role | None = None) -> web.Application:
 
 async def _proxy_context(app: web.Application):
     settings = app[SETTINGS]
-    # limit=0: the data path must never queue behind aiohttp's default 100-connection pool.
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    async with aiohttp.ClientSession(connector=connector) as session:
-        client = SGLangClient(settings.backend_url, session, settings.request_timeout_s,
+    # Every SGLang call (data, admin, fan-out, router) goes through this pool (upstream/client.py).
+    async with sglang_sessions(settings.backend_keepalive_s) as (pooled, fresh):
+        client = SGLangClient(settings.backend_url, pooled, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,
-                              settings.stream_idle_timeout_s)
+                              settings.stream_idle_timeout_s, fresh=fresh,
+                              on_retry=app[METRICS].upstream_retry)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
         connecting = asyncio.get_running_loop().create_task(keep_connected(app))

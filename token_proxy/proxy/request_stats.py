@@ -30,6 +30,7 @@ class RequestStats:
     last_event_at: float | None = None
     finish_reasons: list[str] = field(default_factory=list)  # vLLM's, one per finished choice
     client_disconnected: bool = False
+    overloaded: bool = False  # refused by admission (503 + Retry-After, the proxy's own capacity)
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
 

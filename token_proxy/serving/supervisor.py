@@ -1,8 +1,12 @@
 """`token-proxy --workers N` (N > 1): the supervisor process. It serves no client itself: it runs the
 admin owner on a Unix socket, starts N workers on the shared port and stops them (see __init__.py).
 
+A worker that dies (killed, crashed) is started again at once, in its place: its siblings go on
+serving, so only the requests it held are cut (their clients see the connection reset, at once).
+More than RESTARTS_PER_MINUTE deaths in a minute is a crash loop: the proxy stops.
+
 Exit status: 0 after SIGTERM / SIGINT (every worker drained); 2 for a configuration error found
-while connecting (an unloadable tokenizer); 1 when a worker ended on its own (the others are stopped:
+while connecting (an unloadable tokenizer); 1 when workers keep dying (the others are stopped:
 restart the whole proxy, as a process supervisor would).
 """
 
@@ -25,6 +29,7 @@ log = logging.getLogger("token_proxy")
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 KILL_GRACE_S = 10.0  # after the drain deadline, before a worker is killed
+RESTARTS_PER_MINUTE = 5  # worker deaths tolerated (each restarted) before the proxy stops
 
 
 def serve_workers(settings: Settings) -> int:
@@ -75,29 +80,60 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     await runner.setup()
     await web.UnixSite(runner, str(control)).start()
     env = {**os.environ, MULTIPROC_ENV: str(run_dir / "metrics")}
-    workers = []
-    for index in range(settings.api_workers):
-        workers.append(await asyncio.create_subprocess_exec(
+
+    async def start(index: int):
+        return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "token_proxy.serving.worker", str(run_dir), str(index),
-            env=env, stdin=asyncio.subprocess.DEVNULL, start_new_session=True))
-        pids.append(workers[-1].pid)
+            env=env, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+
+    workers = [await start(index) for index in range(settings.api_workers)]
+    pids.extend(proc.pid for proc in workers)
     log.info("token-proxy: %d workers on http://%s:%d/v1 (pids %s), admin plane in pid %d -> %s",
              len(workers), settings.host, settings.port, ", ".join(map(str, pids)), os.getpid(),
              settings.backend_url)
-    exits = {asyncio.ensure_future(proc.wait()): (index, proc) for index, proc in enumerate(workers)}
-    stopping = asyncio.ensure_future(stop.wait())
-    done, _ = await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
-    status = 2 if fatal else 0
-    if stopping not in done:
-        index, proc = next(exits[task] for task in done if task in exits)
-        log.error("worker %d (pid %d) exited with status %s: stopping the proxy", index, proc.pid, proc.returncode)
-        status = 2 if proc.returncode == 2 else 1
-    stopping.cancel()
+    status = await _watch(workers, pids, start, stop, run_dir)
+    status = 2 if fatal else status
     await _stop_workers(workers, settings.shutdown_timeout_s + KILL_GRACE_S)
     for proc in workers:
         multiprocess.mark_process_dead(proc.pid, str(run_dir / "metrics"))
     await runner.cleanup()
     return status
+
+
+async def _watch(workers: list, pids: list[int], start, stop: asyncio.Event, run_dir: Path) -> int:
+    """Until `stop`: a worker that exits is started again in its place (same index); the exit status
+    when workers keep dying, or one exits 2 (a configuration error: a new one would fail the same)."""
+    from prometheus_client import multiprocess
+
+    loop = asyncio.get_running_loop()
+    deaths: list[float] = []
+    exits = {asyncio.ensure_future(proc.wait()): index for index, proc in enumerate(workers)}
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            done, _ = await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
+            if stopping in done:
+                return 0
+            for task in [task for task in done if task in exits]:
+                index = exits.pop(task)
+                proc = workers[index]
+                now = loop.time()
+                deaths[:] = [t for t in deaths if now - t < 60.0] + [now]
+                if proc.returncode == 2 or len(deaths) > RESTARTS_PER_MINUTE:
+                    why = "a configuration error" if proc.returncode == 2 else "workers keep dying"
+                    log.error("worker %d (pid %d) exited with status %s (%s): stopping the proxy", index,
+                              proc.pid, proc.returncode, why)
+                    return 2 if proc.returncode == 2 else 1
+                multiprocess.mark_process_dead(proc.pid, str(run_dir / "metrics"))
+                workers[index] = await start(index)
+                pids[pids.index(proc.pid)] = workers[index].pid
+                log.error("worker %d (pid %d) exited with status %s: started again as pid %d (its requests "
+                          "in flight were cut)", index, proc.pid, proc.returncode, workers[index].pid)
+                exits[asyncio.ensure_future(workers[index].wait())] = index
+    finally:
+        stopping.cancel()
+        for task in exits:
+            task.cancel()
 
 
 async def _stop_workers(workers, deadline_s: float) -> None:

@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="seconds a weight-update group join or receive waits for its peers")
     parser.add_argument("--sglang-version", default=SimConfig.sglang_version, choices=VERSIONS,
                         help="the SGLang release whose API to mimic (0.5.17 is verified against a real server)")
+    parser.add_argument("--timeout-keep-alive", type=float, default=None,
+                        help="seconds before an idle keep-alive connection is closed, as SGLang's uvicorn "
+                             "(default: env SGLANG_TIMEOUT_KEEP_ALIVE, else 5; 0: never)")
+    parser.add_argument("--keep-alive-late", type=float, default=SimConfig.keep_alive_late_s,
+                        help="seconds that close may run late (a request arriving meanwhile is lost)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="text", choices=("text", "json"))
     return parser.parse_args(argv)
@@ -62,6 +67,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_running_requests=args.max_running_requests,
         dist_timeout_s=args.dist_timeout,
         sglang_version=args.sglang_version,
+        keep_alive_late_s=args.keep_alive_late,
+        **({} if args.timeout_keep_alive is None else {"keep_alive_s": args.timeout_keep_alive}),
     )
 
 

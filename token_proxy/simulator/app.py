@@ -12,6 +12,7 @@ from token_proxy.simulator.admin_routes import add_admin_routes, empty
 from token_proxy.simulator.config import SimConfig
 from token_proxy.simulator.errors import SimError, json_response
 from token_proxy.simulator.generate_route import generate
+from token_proxy.simulator.keep_alive import KEEP_ALIVE, IdleConnections, keep_alive_close
 from token_proxy.simulator.lora_routes import add_lora_routes
 from token_proxy.simulator.rl_routes import add_rl_routes
 from token_proxy.simulator.state import SIM_STATE, SimState
@@ -24,7 +25,8 @@ class SimulatorStartError(Exception):
 
 
 def create_sim_app(config: SimConfig) -> web.Application:
-    app = web.Application(middlewares=[crash_gate, sglang_errors], client_max_size=256 * 1024**2)
+    app = web.Application(middlewares=[keep_alive_close, crash_gate, sglang_errors], client_max_size=256 * 1024**2)
+    app[KEEP_ALIVE] = IdleConnections(config.keep_alive_s, config.keep_alive_late_s)
     path = str(config.tokenizer_path)
     try:
         vocab, tokenizer = load_vocab(path), load_tokenizer(path)

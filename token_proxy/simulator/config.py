@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 # SGLang's scheduler keeps this many slots in reserve below the context length
 # (max_req_len = context - 1, max_req_input_len = max_req_len - 5), which is why a
@@ -44,10 +45,17 @@ class SimConfig:
     scripted_output: str | None = None
     # The SGLang release whose API the simulator speaks (and reports as server_info `version`).
     sglang_version: str = VERSION
+    # uvicorn's keep-alive in SGLang: idle connections are closed after this many seconds
+    # (SGLANG_TIMEOUT_KEEP_ALIVE, 5 by default; 0: never), late by up to keep_alive_late_s, and a
+    # request arriving inside that lateness is lost with the connection (keep_alive.py).
+    keep_alive_s: float = field(default_factory=lambda: float(os.environ.get("SGLANG_TIMEOUT_KEEP_ALIVE", "5")))
+    keep_alive_late_s: float = 0.1
 
     def __post_init__(self) -> None:
         if self.sglang_version not in VERSIONS:
             raise ValueError(f"sglang_version must be one of {', '.join(VERSIONS)}, got {self.sglang_version!r}")
+        if self.keep_alive_s < 0 or self.keep_alive_late_s < 0:
+            raise ValueError("keep_alive_s and keep_alive_late_s must be >= 0")
 
     def since(self, release: str) -> bool:
         """The simulated SGLang is `release` or newer (what changed in it applies)."""

@@ -13,6 +13,7 @@ from collections import deque
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
+from token_proxy.proxy.request_stats import stats_of
 from token_proxy.proxy.routes import INFERENCE, route_class
 
 
@@ -88,7 +89,11 @@ async def admission_control(request: web.Request, handler):
     admission = request.app.get(ADMISSION)
     if admission is None or request.method != "POST" or route_class(request.path) != INFERENCE:
         return await handler(request)
-    await admission.acquire()
+    try:
+        await admission.acquire()
+    except Overloaded:
+        stats_of(request).overloaded = True
+        raise
     try:
         return await handler(request)
     finally:

@@ -39,6 +39,7 @@ from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.proxy.ops.access_log import add_request_id_header, log_request
 from token_proxy.proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.proxy.request_stats import RequestStats, stats_of
+from token_proxy.proxy.upstream.client import RETRY_REASONS
 from token_proxy.proxy.upstream.context import CONTEXT, SETTINGS
 from token_proxy.serving.role import ROLE
 
@@ -177,6 +178,11 @@ class ProxyMetrics:
                                 "tokenization, when it ran (cache misses)", buckets=RENDER_BUCKETS)
         self.backend_errors = counter(PREFIX + "backend_errors_total", "Requests failed by SGLang: error "
                                       "(502), unavailable (503), timeout (504)", ["endpoint", "kind"])
+        self.upstream_retries = counter(PREFIX + "upstream_retries_total", "SGLang calls sent once more on a "
+                                        "fresh connection: the reused one was closed before any answer "
+                                        "(SGLang's keep-alive), by how it failed", ["reason"])
+        for reason in RETRY_REASONS:
+            self.upstream_retries.labels(reason)
         self.overloaded = counter(PREFIX + "overload_rejections_total", "Requests the proxy refused with "
                                   "503 and Retry-After (too many in flight)", route)
         self.disconnects = counter(PREFIX + "client_disconnects_total", "Requests whose client left before "
@@ -285,6 +291,9 @@ class ProxyMetrics:
             log.warning("%d request(s) carried a seed SGLang ignores: start it with --enable-deterministic-inference, "
                         "or run the proxy with --require-honoured-seed to refuse them", self._seeds_unwarned)
             self._seed_warned_at, self._seeds_unwarned = now, 0
+
+    def upstream_retry(self, reason: str) -> None:
+        self.child(self.upstream_retries, reason).inc()
 
     def child(self, metric, *labels: str):
         """A labelled child, looked up in prometheus-client once per label set, not per request."""
@@ -406,7 +415,7 @@ async def observe_requests(request: web.Request, handler):
     try:
         response = await handler(request)
         status = response.status
-        overloaded = status == 503 and "Retry-After" in response.headers  # the proxy's own refusal
+        overloaded = stats.overloaded  # the proxy's own refusal (a 503 from SGLang's side is not)
         if isinstance(response, web.Response) and not response.prepared:
             # A whole reply leaves now, so the client does not wait for the bookkeeping below;
             # aiohttp's own prepare and write_eof then find it sent.

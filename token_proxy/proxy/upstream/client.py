@@ -2,13 +2,34 @@
 
 Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502,
 SGLang refusing the request -> 400 with SGLang's message, too slow -> 504.
+
+Every call but a relayed stream (which opens a connection of its own) goes out through `send`, on a
+pool whose connections SGLang may close while idle. SGLang's uvicorn closes a keep-alive connection idle for SGLANG_TIMEOUT_KEEP_ALIVE seconds (5 by
+default), and under load it acts on that timer late: a request written on the connection in that
+window is dropped unread (the client sees "Server disconnected" or ECONNRESET). Two defences:
+
+- the pool drops a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5),
+  so the proxy never writes on one SGLang is about to close;
+- a request whose REUSED connection fails before any byte of the answer is sent once more on a
+  fresh connection (a pool-less session): SGLang never read it. A new connection failing, or any
+  failure after the status line arrived, is not retried: SGLang may have acted on the request.
+
+aiohttp itself resends an idempotent request (GET, PUT, DELETE) once through the same pool when its
+connection fails (uncounted); every /generate and admin POST has only this rule.
+
+This is the transport's retry. `retry_if_lost` (proxy/admin/lora.py) is another rule on another
+layer: SGLang answered (the adapter is gone) and the proxy re-loads it before sending again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 
 import aiohttp
 import orjson
@@ -37,11 +58,16 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 class SGLangClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, request_timeout_s: float,
                  connect_timeout_s: float = 10.0, first_token_timeout_s: float = 0.0,
-                 stream_idle_timeout_s: float = 0.0):
+                 stream_idle_timeout_s: float = 0.0, *, fresh: aiohttp.ClientSession | None = None,
+                 on_retry: Callable[[str], None] | None = None):
         """Timeouts: total per request; for streams also until the first event and between events
-        (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done."""
+        (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done.
+        `session` is the pool (`sglang_sessions`); `fresh` opens a connection per request,
+        for the one retry of a call whose reused connection SGLang had closed (`on_retry(reason)`)."""
         self.base_url = base_url.rstrip("/")
         self._session = session
+        self._fresh = fresh
+        self._on_retry = on_retry
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
         self._stream_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s,
                                                      sock_read=stream_idle_timeout_s or None)
@@ -132,8 +158,8 @@ class SGLangClient:
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
         try:
-            async with self._session.post(f"{self.base_url}/abort_request", data=orjson.dumps({"rid": rid}),
-                                          headers=_JSON_HEADERS, timeout=self._short) as resp:
+            async with await self._send("POST", "/abort_request", data=orjson.dumps({"rid": rid}),
+                                        headers=_JSON_HEADERS, timeout=self._short) as resp:
                 await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("abort of %s failed: %s", rid, exc)
@@ -141,7 +167,7 @@ class SGLangClient:
     async def get_json(self, path: str, timeout_s: float | None = None):
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else self._short
         try:
-            async with self._session.get(f"{self.base_url}{path}", timeout=timeout) as resp:
+            async with await self._send("GET", path, timeout=timeout) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise _error_from_status(resp.status, body)
@@ -157,8 +183,7 @@ class SGLangClient:
     async def health_problem(self, timeout_s: float = 5.0) -> str | None:
         """None when SGLang's /health answers 200; else what happened, in a few words."""
         try:
-            async with self._session.get(f"{self.base_url}/health",
-                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with await self._send("GET", "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 await resp.read()
                 return None if resp.status == 200 else f"HTTP status {resp.status}"
         except asyncio.TimeoutError:  # first: aiohttp's timeouts are ClientErrors too
@@ -171,8 +196,7 @@ class SGLangClient:
     async def metrics_text(self, timeout_s: float) -> str:
         """SGLang's Prometheus page (served only with --enable-metrics: a 404 without it)."""
         try:
-            async with self._session.get(f"{self.base_url}/metrics",
-                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with await self._send("GET", "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise _error_from_status(resp.status, body)
@@ -184,7 +208,8 @@ class SGLangClient:
 
     def at(self, base_url: str) -> SGLangClient:
         """The same session and timeouts, aimed at another server (one worker behind a router)."""
-        return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect)
+        return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect,
+                            fresh=self._fresh, on_retry=self._on_retry)
 
     async def call(self, method: str, path: str, body: bytes | None, timeout_s: float,
                    headers: dict | None = None) -> tuple[int, bytes, str]:
@@ -193,8 +218,7 @@ class SGLangClient:
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self._timeout.sock_connect)
         headers = _JSON_HEADERS if headers is None and body is not None else headers
         try:
-            async with self._session.request(method, f"{self.base_url}{path}", data=body, headers=headers,
-                                             timeout=timeout) as resp:
+            async with await self._send(method, path, data=body, headers=headers, timeout=timeout) as resp:
                 return resp.status, await resp.read(), resp.content_type
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
@@ -204,12 +228,17 @@ class SGLangClient:
 
     def open(self, method: str, path_qs: str, body: bytes | None, headers: dict) -> _Call:
         """A raw request whose response the caller streams on (the pass-through of unowned routes)."""
-        return _Call(self._session.request(method, f"{self.base_url}{path_qs}", data=body, headers=headers,
-                                           timeout=self._timeout, allow_redirects=False), self.base_url)
+        return _Call(self._send(method, path_qs, data=body, headers=headers, timeout=self._timeout,
+                                allow_redirects=False), self.base_url)
 
     def _post(self, path: str, payload: dict, timeout: aiohttp.ClientTimeout | None = None) -> _Call:
-        return _Call(self._session.post(f"{self.base_url}{path}", data=orjson.dumps(payload),
-                                        headers=_JSON_HEADERS, timeout=timeout or self._timeout), self.base_url)
+        return _Call(self._send("POST", path, data=orjson.dumps(payload), headers=_JSON_HEADERS,
+                                timeout=timeout or self._timeout), self.base_url)
+
+    def _send(self, method: str, path: str, **kwargs):
+        """Every HTTP call to SGLang goes out here (streams on the relay open their own connection):
+        the response once its headers are in, with the one retry of a closed idle connection (module docstring)."""
+        return send(self._session, self._fresh, method, f"{self.base_url}{path}", self._on_retry, **kwargs)
 
 
 class GeneratorStream:
@@ -233,22 +262,24 @@ class GeneratorStream:
 
 
 class _Call:
-    """Wraps a request context so connection failures and timeouts surface as typed errors."""
+    """Wraps a request being sent so connection failures and timeouts surface as typed errors."""
 
-    def __init__(self, ctx, base_url: str):
-        self._ctx = ctx
+    def __init__(self, sending, base_url: str):
+        self._sending = sending  # a coroutine: the response, once its headers are in
+        self._resp: aiohttp.ClientResponse | None = None
         self._base_url = base_url
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
-            return await self._ctx.__aenter__()
+            self._resp = await self._sending
+            return self._resp
         except asyncio.TimeoutError as exc:  # first: aiohttp's ServerTimeoutError is a ClientError too
             raise BackendTimeout("SGLang did not answer in time") from exc
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self._base_url} is unreachable: {exc}") from exc
 
     async def __aexit__(self, exc_type, exc, tb):
-        await self._ctx.__aexit__(exc_type, exc, tb)
+        await self._resp.__aexit__(exc_type, exc, tb)  # released (or closed, when broken)
         if isinstance(exc, ProxyError) or exc is None or isinstance(exc, asyncio.CancelledError):
             return False
         if isinstance(exc, aiohttp.ServerTimeoutError):
@@ -378,3 +409,88 @@ def _message_of(parsed) -> str | None:
     if isinstance(error, str):
         return error
     return parsed.get("message")
+
+
+# --- the pool, and the one retry a closed idle connection earns ---------------------------------
+
+# The SGLang default the pool stays under (uvicorn's timeout_keep_alive in SGLang's launch_server).
+SGLANG_KEEP_ALIVE_S = 5.0
+DEFAULT_BACKEND_KEEPALIVE_S = 4.0
+RETRY_REASONS = ("disconnected", "reset")  # the metric's label values, created at 0
+
+
+class _Attempt:
+    """Filled in by the connector while a request is being sent: did it get a pooled connection?"""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+_ATTEMPT: ContextVar[_Attempt | None] = ContextVar("sglang_attempt", default=None)
+
+
+class ReuseAwareConnector(aiohttp.TCPConnector):
+    """aiohttp's TCP pool that tells the request in progress (through a context variable, set in the
+    sending task) whether the connection it got has carried a request before. Cheaper than a
+    TraceConfig, which costs every request a dozen awaited signals."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet = weakref.WeakSet()
+
+    async def connect(self, req, traces, timeout):
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        if protocol is not None:
+            attempt = _ATTEMPT.get()
+            if attempt is not None:
+                attempt.reused = protocol in self._used
+            self._used.add(protocol)
+        return conn
+
+
+def stale_reason(exc: BaseException) -> str | None:
+    """The retry's reason when `exc` is how a connection the server closed while idle fails before
+    the answer: "disconnected" (EOF before the status line) or "reset" (RST on write or read)."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "disconnected"
+    if isinstance(exc, aiohttp.ClientConnectorError):  # a connect that failed: never a reused connection
+        return None
+    if isinstance(exc, ConnectionResetError | BrokenPipeError):  # ClientConnectionResetError included
+        return "reset"
+    if isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE):
+        return "reset"
+    return None
+
+
+async def send(pooled: aiohttp.ClientSession, fresh: aiohttp.ClientSession | None, method: str, url: str,
+               on_retry: Callable[[str], None] | None = None, **kwargs) -> aiohttp.ClientResponse:
+    """`method url` through the pool, until the response's status and headers are in (read or
+    release the response). Sent again, once, on a fresh connection when the pooled one was reused
+    and failed before any answer (module docstring)."""
+    attempt = _Attempt()
+    token = _ATTEMPT.set(attempt)
+    try:
+        return await pooled.request(method, url, **kwargs)
+    except aiohttp.ClientError as exc:
+        reason = stale_reason(exc) if attempt.reused else None
+        if reason is None:
+            raise
+    finally:
+        _ATTEMPT.reset(token)
+    if on_retry is not None:
+        on_retry(reason)
+    return await (fresh or pooled).request(method, url, **kwargs)
+
+
+@contextlib.asynccontextmanager
+async def sglang_sessions(keepalive_s: float) -> AsyncIterator[tuple[aiohttp.ClientSession, aiohttp.ClientSession]]:
+    """(pooled, fresh): every SGLang call's pool, idle connections kept `keepalive_s` at most, and a
+    session whose every request opens its own connection (the retry's)."""
+    # limit=0: the data path must never queue behind aiohttp's default 100-connection pool.
+    pooled = aiohttp.ClientSession(connector=ReuseAwareConnector(limit=0, keepalive_timeout=keepalive_s))
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+    async with pooled, fresh:
+        yield pooled, fresh

@@ -1,0 +1,226 @@
+"""SGLang's keep-alive close (issue 20): the simulator closes idle connections as uvicorn does, late,
+losing a request that arrives in that window; the proxy keeps its pool under that time and sends a
+request once more when its reused connection was closed before any answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from token_proxy.proxy.ops.metrics import METRICS
+from token_proxy.proxy.upstream.client import ReuseAwareConnector, send, stale_reason
+from token_proxy.settings import Settings
+from token_proxy.simulator.keep_alive import KEEP_ALIVE
+
+KEEP_ALIVE_S = 0.5  # the simulated SGLANG_TIMEOUT_KEEP_ALIVE (5 s on a real server)
+LATE_S = 1.0  # every close runs this late: a request sent in between is lost
+GAP_S = 0.7  # the trainer's idle gap: past the keep-alive, inside the late close
+BURST = 12
+
+
+class _Latest:
+    """The lateness draw, pinned at its maximum: every idle close runs LATE_S late."""
+
+    def uniform(self, low: float, high: float) -> float:
+        return high
+
+
+async def _late_sim(make_sim):
+    sim = await make_sim(keep_alive_s=KEEP_ALIVE_S, keep_alive_late_s=LATE_S)
+    sim.app[KEEP_ALIVE].rng = _Latest()
+    return sim
+
+
+# --- the simulator ----------------------------------------------------------------------------------
+
+async def test_simulator_closes_an_idle_connection_after_its_keep_alive(make_sim):
+    sim = await make_sim(keep_alive_s=0.2, keep_alive_late_s=0.0)
+    idle = sim.app[KEEP_ALIVE]
+    async with aiohttp.ClientSession() as session:
+        async with session.get(sim.make_url("/health")) as resp:
+            assert resp.status == 200
+        await asyncio.sleep(0.5)
+        assert (idle.closed, idle.dropped) == (1, 0)
+        async with session.get(sim.make_url("/health")) as resp:  # the pool saw the close: a new connection
+            assert resp.status == 200
+    assert (idle.closed, idle.dropped) == (1, 0)
+
+
+async def test_simulator_loses_a_request_that_meets_its_late_close(make_sim):
+    sim = await _late_sim(make_sim)
+    async with aiohttp.ClientSession() as session:
+        async with session.get(sim.make_url("/health")) as resp:
+            assert resp.status == 200
+        await asyncio.sleep(GAP_S)
+        with pytest.raises(aiohttp.ServerDisconnectedError):  # a POST: aiohttp resends only idempotent methods
+            async with session.post(sim.make_url("/flush_cache")):
+                pass
+    assert (sim.app[KEEP_ALIVE].closed, sim.app[KEEP_ALIVE].dropped) == (0, 1)
+
+
+# --- the proxy: burst -> idle -> burst ------------------------------------------------------------
+
+def _chat(i: int) -> dict:
+    return {"model": "sim/qwen2-tiny", "messages": [{"role": "user", "content": f"question {i}"}],
+            "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+
+
+async def _burst(proxy) -> list[tuple[int, object]]:
+    async def one(i: int):
+        async with proxy.post("/v1/chat/completions", json=_chat(i)) as resp:
+            body = await resp.json()
+            return resp.status, body.get("choices", [{}])[0].get("token_ids") if resp.status == 200 else body
+
+    async def admin(method: str, path: str, body: dict | None = None):
+        async with proxy.request(method, path, json=body) as resp:
+            return resp.status, await resp.read()
+
+    # Admin calls (a forward, a fan-out) with the chats: each takes one of the idle connections.
+    return list(await asyncio.gather(*(one(i) for i in range(BURST)), admin("GET", "/get_server_info"),
+                                     admin("POST", "/update_weight_version", {"new_version": "v1"})))
+
+
+def _retries(proxy) -> dict[str, float]:
+    metric = proxy.app[METRICS].upstream_retries
+    return {reason: metric.labels(reason)._value.get() for reason in ("disconnected", "reset")}
+
+
+async def _rhythm(make_sim, make_proxy, **proxy_settings):
+    sim = await _late_sim(make_sim)
+    proxy = await make_proxy(sim, backend_metrics_interval_s=0, lora_sync_interval_s=0, **proxy_settings)
+    first = await _burst(proxy)
+    await asyncio.sleep(GAP_S)
+    second = await _burst(proxy)
+    return sim, proxy, first, second
+
+
+def _failed(replies) -> list:
+    return [(status, body) for status, body in replies if status != 200 or body is None]
+
+
+async def test_rhythm_loses_nothing_when_the_pool_outlives_the_backend_keep_alive(make_sim, make_proxy):
+    """The proxy's pool keeps connections longer than SGLang (today's 60 s against 5 s): the second
+    burst meets closes in flight; each such request is sent once more on a fresh connection."""
+    sim, proxy, first, second = await _rhythm(make_sim, make_proxy, backend_keepalive_s=30.0)
+    assert _failed(first) == [] and _failed(second) == []
+    # The second burst's POSTs that took an idle connection met its close and were sent once more (a
+    # GET is resent by aiohttp itself, through the pool, uncounted): every drop was answered after all.
+    retries = _retries(proxy)
+    assert retries["disconnected"] >= 1 and retries["reset"] == 0
+    assert sim.app[KEEP_ALIVE].dropped >= retries["disconnected"]
+
+
+async def test_rhythm_pool_under_the_backend_keep_alive_needs_no_retry(make_sim, make_proxy):
+    sim, proxy, first, second = await _rhythm(make_sim, make_proxy, backend_keepalive_s=KEEP_ALIVE_S * 0.6)
+    assert _failed(first) == [] and _failed(second) == []
+    assert sim.app[KEEP_ALIVE].dropped == 0
+    assert _retries(proxy) == {"disconnected": 0.0, "reset": 0.0}
+
+
+# --- the retry rule -------------------------------------------------------------------------------
+
+class _Scripted:
+    """A raw HTTP/1.1 server: `plan[(connection, request)]` says what each request gets, "ok" (a 200,
+    kept alive), "drop" (closed unanswered) or "half" (headers, part of the body, then closed)."""
+
+    def __init__(self, plan: dict):
+        self.plan, self.connections, self.requests = plan, 0, []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn, n = self.connections, 0
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                await reader.readexactly(length)
+                action = self.plan.get((conn, n), "ok")
+                self.requests.append((conn, n, action))
+                n += 1
+                if action == "drop":
+                    break
+                if action == "half":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+                    await writer.drain()
+                    break
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def _scripted(plan: dict):
+    server = _Scripted(plan)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    return server, listener, f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/x"
+
+
+async def _sessions():
+    return (aiohttp.ClientSession(connector=ReuseAwareConnector(limit=0, keepalive_timeout=30)),
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
+
+
+async def test_a_reused_connection_closed_before_the_answer_is_sent_again_on_a_fresh_one():
+    server, listener, url = await _scripted({(0, 1): "drop"})
+    pooled, fresh = await _sessions()
+    retried: list[str] = []
+    async with listener, pooled, fresh:
+        for _ in range(2):
+            async with await send(pooled, fresh, "POST", url, retried.append, data=b"{}") as resp:
+                assert (resp.status, await resp.read()) == (200, b"ok")
+    assert retried == ["disconnected"]
+    assert server.requests == [(0, 0, "ok"), (0, 1, "drop"), (1, 0, "ok")]
+
+
+async def test_a_new_connection_closed_before_the_answer_is_not_sent_again():
+    server, listener, url = await _scripted({(0, 0): "drop"})
+    pooled, fresh = await _sessions()
+    retried: list[str] = []
+    async with listener, pooled, fresh:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await send(pooled, fresh, "POST", url, retried.append, data=b"{}")
+    assert retried == []
+    assert server.requests == [(0, 0, "drop")]
+
+
+async def test_nothing_is_sent_again_once_the_answer_began():
+    server, listener, url = await _scripted({(0, 1): "half"})
+    pooled, fresh = await _sessions()
+    retried: list[str] = []
+    async with listener, pooled, fresh:
+        async with await send(pooled, fresh, "POST", url, retried.append, data=b"{}") as resp:
+            await resp.read()
+        async with await send(pooled, fresh, "POST", url, retried.append, data=b"{}") as resp:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+    assert retried == []
+    assert server.requests == [(0, 0, "ok"), (0, 1, "half")]
+
+
+@pytest.mark.parametrize(("exc", "reason"), [
+    (aiohttp.ServerDisconnectedError(), "disconnected"),
+    (aiohttp.ClientOSError(104, "Connection reset by peer"), "reset"),
+    (aiohttp.ClientConnectionResetError("Cannot write to closing transport"), "reset"),
+    (aiohttp.ClientOSError(32, "Broken pipe"), "reset"),
+    (aiohttp.ClientOSError(113, "No route to host"), None),
+    (aiohttp.ClientPayloadError("Response payload is not completed"), None),
+    (aiohttp.ServerTimeoutError("Timeout on reading data from socket"), None),
+])
+def test_stale_reason(exc, reason):
+    assert stale_reason(exc) == reason
+
+
+@pytest.mark.parametrize("value", [0, -1, 4000])
+def test_backend_keepalive_is_checked_at_start_up(value):
+    with pytest.raises(ValueError, match=r"--backend-keepalive must be in \(0, 3600\] seconds"):
+        Settings(backend_keepalive_s=value)
+
+
+def test_backend_keepalive_default_is_under_sglangs_five_seconds():
+    assert Settings().backend_keepalive_s == 4.0
