@@ -205,11 +205,20 @@ async def test_sleep_level_1_then_wake_by_vllms_tags_serves_again(fleet2, wakes)
     assert await greedy_ids(proxy) == before
 
 
-async def test_wake_up_tags_as_vllm_answers_them(fleet2):
-    """A tag already awake wakes nothing more (vLLM logs it); a second /sleep releases nothing twice
-    (SGLang would pause its regions again); a tag vLLM does not know is a 400, not a silent no-op that
-    leaves the engine asleep."""
+async def test_wake_up_tags_as_vllm_answers_them(fleet2, monkeypatch):
+    """A tag already awake wakes nothing more (SGLang's resume of a tag it holds kills its scheduler); a second
+    /sleep releases only what is resident (SGLang would pause its regions again); a tag vLLM does not know is
+    a 400, not vLLM's silent no-op that leaves the engine asleep."""
     proxy, sims = fleet2
+    plane, sent = proxy.app[ADMIN], []
+    fan_out = plane.fan_out
+
+    async def recording(method, path, bodies, *args, **kwargs):
+        if path.endswith("_memory_occupation"):
+            sent.append((path, bodies["tags"]))
+        return await fan_out(method, path, bodies, *args, **kwargs)
+
+    monkeypatch.setattr(plane, "fan_out", recording)
     await post(proxy, "/sleep", params={"level": "1"})
     refused = await post(proxy, "/resume", 409)
     assert refused["error"]["message"] == ("memory is released (kv_cache, weights): POST /wake_up before /resume, "
@@ -222,13 +231,15 @@ async def test_wake_up_tags_as_vllm_answers_them(fleet2):
             "message": f"tags must be among weights, kv_cache, scheduling, got {tag!r} (SGLang's cuda_graph "
                        "memory comes back with kv_cache)",
             "type": "BadRequestError", "param": "tags", "code": 400}
-    assert all(s.app[WEIGHTS].released == {"kv_cache", "cuda_graph"} for s in sims)  # nothing was woken
     assert await post(proxy, "/sleep", params={"level": "1"}) == {"status": "sleeping", "level": 1}
-    assert all(s.app[WEIGHTS].released == {"weights", "kv_cache", "cuda_graph"} for s in sims)
     assert await post(proxy, "/wake_up", params=[("tags", "kv_cache"), ("tags", "weights"), ("tags", "scheduling")]
                       ) == {"status": "awake", "tags": ["kv_cache", "weights", "scheduling"]}
     assert await post(proxy, "/wake_up", params={"tags": "kv_cache"}) == {"status": "awake", "tags": ["kv_cache"]}
-    assert not any(state(s).crashed or state(s).paused for s in sims)
+    assert sent == [("/release_memory_occupation", ["weights", "kv_cache", "cuda_graph"]),
+                    ("/resume_memory_occupation", ["weights"]),
+                    ("/release_memory_occupation", ["weights"]),
+                    ("/resume_memory_occupation", ["weights", "kv_cache", "cuda_graph"])]
+    assert not any(state(s).crashed or state(s).paused or s.app[WEIGHTS].released for s in sims)
 
 
 async def test_sleep_aborts_in_flight_requests_cleanly_before_releasing(fleet2):

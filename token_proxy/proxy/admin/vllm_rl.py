@@ -187,7 +187,7 @@ async def sleep(request: web.Request) -> web.Response:
         state.asleep = True
         if level >= 1:
             await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
-            await _release(plane, state, urls, [tag for tag in SLEEP_TAGS if tag not in state.released], "sleep")
+            await _release(plane, state, urls, list(SLEEP_TAGS), "sleep")
     return json_response({"status": "sleeping", "level": level})
 
 
@@ -211,8 +211,9 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
 
 async def wake_up(request: web.Request) -> web.Response:
     """vLLM reads `tags` as a repeated query parameter (?tags=weights&tags=kv_cache); none wakes everything.
-    A tag already awake wakes nothing (vLLM logs it). A tag vLLM does not know is a 400 here: vLLM ignores the
-    whole call with a warning, which leaves the engine asleep and every later request waiting."""
+    The named tags still asleep wake; one already awake is skipped (vLLM would skip the whole call). A tag vLLM
+    does not know is a 400 here, where vLLM logs a warning and wakes nothing: asleep, every later request
+    waiting."""
     plane = request.app[ADMIN]
     tags = request.query.getall("tags", []) or None
     for tag in tags or ():
@@ -228,7 +229,7 @@ async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None
     urls = await plane.worker_urls()
     if back:
         # SGLang's resume raises (KeyError, and its scheduler dies) for a tag it has not released: only these.
-        replies = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": sglang_tags(back)},
+        replies = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": _sglang_tags(back)},
                                       plane.settings.weight_update_timeout_s, urls)
         raise_for_failures("wake_up", replies)
         state.released -= set(back)
@@ -261,16 +262,18 @@ async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need
 
 
 async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags: list[str], action: str) -> None:
-    """Only what is resident: SGLang would pause a released region again (and stash freed weights)."""
+    """Only what is still resident: SGLang would pause a released region again (and stash freed weights), where
+    vLLM's executor makes a second sleep a no-op."""
+    tags = [tag for tag in tags if tag not in state.released]
     if not tags:
         return
-    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": sglang_tags(tags)},
+    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": _sglang_tags(tags)},
                                   plane.settings.weight_update_timeout_s, urls)
     raise_for_failures(action, replies)
     state.released |= set(tags)
 
 
-def sglang_tags(tags: list[str]) -> list[str]:
+def _sglang_tags(tags: list[str]) -> list[str]:
     return [native for tag in tags for native in SLEEP_TAGS[tag]]
 
 
