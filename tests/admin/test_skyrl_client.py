@@ -44,6 +44,31 @@ async def call_server(session, server_url, endpoint, json=None, method="POST", p
         return resp.status, body
 
 
+async def rollout(session, url) -> tuple[list[int], list[int]]:
+    """A greedy chat through the proxy: its prompt ids and output ids (bounded: a fleet left asleep holds it)."""
+    body = {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    async with session.post(f"{url}/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        reply = await r.json()
+        assert r.status == 200, reply
+    assert reply["choices"][0]["finish_reason"] == "length"
+    return reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
+
+
+async def worker_greedy(session, sim, prompt_ids: list[int]) -> list[int]:
+    """What the worker itself generates from these ids with the weights it holds now."""
+    body = {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}}
+    async with session.post(str(sim.make_url("/generate")), json=body) as r:
+        return (await r.json())["output_ids"]
+
+
+async def served_with_the_pushed_weights(session, url, sims, before: list[int]) -> None:
+    """Awake and serving: the ids are exactly the worker's own with the weights pushed between the wakes."""
+    prompt_ids, after = await rollout(session, url)
+    assert after == await worker_greedy(session, sims[0], prompt_ids)
+    assert after != before and len(after) == 6
+
+
 async def test_skyrl_control_plane_calls_replayed_verbatim(skyrl_fleet, fake_group):  # noqa: F811
     proxy, sims = skyrl_fleet
     url = proxy_url(proxy)
@@ -54,37 +79,43 @@ async def test_skyrl_control_plane_calls_replayed_verbatim(skyrl_fleet, fake_gro
         assert all(s.app[SIM_STATE].paused for s in sims)
         # resume(): no body
         assert await call_server(session, url, "/resume") == (200, {"status": "resumed"})
-        # sleep(level=2): params {"level": str(level)}
-        assert await call_server(session, url, "/sleep", params={"level": "2"}) == (
-            200, {"status": "sleeping", "level": 2})
-        # worker_dispatch.py: wake_up(tags=["weights"]) -> broadcast -> wake_up(tags=["kv_cache"])
-        assert await call_server(session, url, "/wake_up", params={"tags": ["weights"]}) == (
-            200, {"status": "sleeping", "tags": ["weights"]})
-        assert await call_server(session, url, "/wake_up", params={"tags": ["kv_cache"]}) == (
-            200, {"status": "sleeping", "tags": ["kv_cache"]})  # cuda_graph is still released
-        assert await call_server(session, url, "/wake_up") == (200, {"status": "awake", "tags": None})
-        # reset_prefix_cache(): the flag goes in a JSON body, which vLLM (and the proxy) ignore
-        assert await call_server(session, url, "/reset_prefix_cache", {"reset_running_requests": False}) == (
-            200, {"success": True})
         # get_world_size(): GET with json {}
         assert await call_server(session, url, "/get_world_size", {}, method="GET") == (200, {"world_size": 2})
         # init_weight_update_communicator(): {"init_info": BroadcastInitInfo.to_api_payload()} per server
         init = {"master_address": "127.0.0.1", "master_port": 29533, "rank_offset": 1, "world_size": 3}
         assert await call_server(session, url, "/init_weight_transfer_engine", {"init_info": init}) == (
             200, {"message": "Weight transfer initialized"})
+        _, before = await rollout(session, url)
+        # sleep(level=1) (skyrl_train_backend.py with LoRA; the trainer's default is 2): params {"level": "1"}
+        assert await call_server(session, url, "/sleep", params={"level": "1"}) == (
+            200, {"status": "sleeping", "level": 1})
+        # worker_dispatch.py save_weights_for_sampler(): wake_up(tags=["weights"]) -> broadcast_strategy.py's
+        # start_weight_update / update_weights_nccl / finish_weight_update -> wake_up(tags=["kv_cache"])
+        assert await call_server(session, url, "/wake_up", params={"tags": ["weights"]}) == (
+            200, {"status": "sleeping", "tags": ["weights"]})
+        assert await call_server(session, url, "/is_sleeping", method="GET") == (200, {"is_sleeping": True})
+        rpc = {"method": "skyrl_start_weight_update", "kwargs": {"is_checkpoint_format": True}}
+        assert await call_server(session, url, "/collective_rpc", rpc) == (200, {"results": [None, None]})
+        nccl = {"method": "update_weights_nccl", "kwargs": {"update_info": META}}
+        assert await call_server(session, url, "/collective_rpc", nccl) == (200, {"results": [None, None]})
+        assert await call_server(session, url, "/collective_rpc", {"method": "skyrl_finish_weight_update"}) == (
+            200, {"results": [None, None]})
+        assert await call_server(session, url, "/wake_up", params={"tags": ["kv_cache"]}) == (
+            200, {"status": "awake", "tags": ["kv_cache"]})
+        assert await call_server(session, url, "/is_sleeping", method="GET") == (200, {"is_sleeping": False})
+        assert all(not s.app[WEIGHTS].released and not s.app[SIM_STATE].paused for s in sims)
+        await served_with_the_pushed_weights(session, url, sims, before)
+        # reset_prefix_cache(): the flag goes in a JSON body, which vLLM (and the proxy) ignore
+        assert await call_server(session, url, "/reset_prefix_cache", {"reset_running_requests": False}) == (
+            200, {"success": True})
         # update_named_weights(): {"update_info": update_info}
         assert await call_server(session, url, "/update_weights", {"update_info": META}) == (
             200, {"message": "Weights updated"})
-        # start_weight_update() / finish_weight_update(): /collective_rpc with SkyRL's worker-extension methods
-        rpc = {"method": "skyrl_start_weight_update", "kwargs": {"is_checkpoint_format": True}}
-        assert await call_server(session, url, "/collective_rpc", rpc) == (200, {"results": [None, None]})
-        assert await call_server(session, url, "/collective_rpc", {"method": "skyrl_finish_weight_update"}) == (
-            200, {"results": [None, None]})
-        # update_weights_nccl(): broadcast_strategy.py sends {**weight_metadata, "packed": True}: SGLang cannot
-        nccl = {"method": "update_weights_nccl", "kwargs": {"update_info": {**META, "packed": True}}}
-        status, body = await call_server(session, url, "/collective_rpc", nccl)
+        # broadcast_strategy.py sends {**weight_metadata, "packed": True}: SGLang cannot
+        packed = {"method": "update_weights_nccl", "kwargs": {"update_info": {**META, "packed": True}}}
+        status, body = await call_server(session, url, "/collective_rpc", packed)
         assert status == 501 and "packed buffers" in body["error"]["message"]
-    assert [[u["names"] for u in s.app[WEIGHTS].updates] for s in sims] == [[META["names"]]] * 2
+    assert [[u["names"] for u in s.app[WEIGHTS].updates] for s in sims] == [[META["names"]] * 2] * 2
 
 
 def load_skyrl_client():
@@ -126,24 +157,32 @@ class InitInfo:
 
 async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group):  # noqa: F811
     module = load_skyrl_client()
-    proxy, _ = skyrl_fleet
+    proxy, sims = skyrl_fleet
     url = proxy_url(proxy)
     client = module.RemoteInferenceClient(proxy_url=url, server_urls=[url], data_parallel_size=1)
     try:
         assert await client.pause() == {url: {"status": 200, "body": {"status": "paused"}}}
         assert await client.resume() == {url: {"status": 200, "body": {"status": "resumed"}}}
-        assert await client.sleep() == {url: {"status": 200, "body": {"status": "sleeping", "level": 2}}}
-        assert (await client.wake_up(tags=["weights"]))[url]["body"] == {"status": "sleeping", "tags": ["weights"]}
-        assert (await client.wake_up())[url]["body"] == {"status": "awake", "tags": None}
-        assert (await client.reset_prefix_cache())[url]["body"] == {"success": True}
         assert await client.get_world_size() == (2, 2)
         init = InitInfo("127.0.0.1", 29534, 1, 3)
         assert (await client.init_weight_update_communicator(init))[url]["body"] == {
             "message": "Weight transfer initialized"}
         assert [j["rank"] for j in fake_group] == [1, 2]
+        async with aiohttp.ClientSession() as session:
+            _, before = await rollout(session, url)
+            assert await client.sleep() == {url: {"status": 200, "body": {"status": "sleeping", "level": 2}}}
+            # worker_dispatch.py save_weights_for_sampler(), colocated: weights, the broadcast, kv_cache
+            assert (await client.wake_up(tags=["weights"]))[url]["body"] == {"status": "sleeping",
+                                                                            "tags": ["weights"]}
+            assert (await client.start_weight_update())[url]["body"] == {"results": [None, None]}
+            assert (await client.update_weights_nccl(META))[url]["body"] == {"results": [None, None]}
+            assert (await client.finish_weight_update())[url]["body"] == {"results": [None, None]}
+            assert (await client.wake_up(tags=["kv_cache"]))[url]["body"] == {"status": "awake",
+                                                                             "tags": ["kv_cache"]}
+            await served_with_the_pushed_weights(session, url, sims, before)
+        assert (await client.wake_up())[url]["body"] == {"status": "awake", "tags": None}
+        assert (await client.reset_prefix_cache())[url]["body"] == {"success": True}
         assert (await client.update_named_weights(META))[url]["body"] == {"message": "Weights updated"}
-        assert (await client.start_weight_update())[url]["body"] == {"results": [None, None]}
-        assert (await client.finish_weight_update())[url]["body"] == {"results": [None, None]}
         with pytest.raises(aiohttp.ClientResponseError) as refused:
             await client.update_weights_nccl({**META, "packed": True})
         assert refused.value.status == 501 and "packed buffers" in refused.value.message

@@ -172,23 +172,74 @@ async def test_abort_by_id_reaches_every_sample_of_an_n_request(fleet2):
 
 # --- sleep mode -----------------------------------------------------------------------------------
 
-async def test_sleep_level_1_then_wake_by_tags_then_generate(fleet2):
+async def greedy_ids(proxy) -> list[int]:
+    reply = await post(proxy, "/v1/chat/completions", json={**LONG, "max_tokens": 6, "return_token_ids": True})
+    assert reply["choices"][0]["finish_reason"] == "length"
+    return reply["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize("wakes", [
+    [[("tags", "weights")], [("tags", "kv_cache")]],  # SkyRL's worker_dispatch.py, an update in between
+    [[("tags", "weights"), ("tags", "kv_cache")]],  # both in one call: vLLM's FastAPI reads repeated tags
+    [[]],  # no tags: everything
+], ids=["weights-then-kv_cache", "both-tags-at-once", "bare"])
+async def test_sleep_level_1_then_wake_by_vllms_tags_serves_again(fleet2, wakes):
+    """vLLM sleeps `weights` and `kv_cache` and serves once both are back; SGLang's cuda_graph, which vLLM
+    does not name, is released and restored with kv_cache."""
     proxy, sims = fleet2
+    before = await greedy_ids(proxy)
     assert await post(proxy, "/sleep", params={"level": "1"}) == {"status": "sleeping", "level": 1}
     assert all(s.app[WEIGHTS].released == {"weights", "kv_cache", "cuda_graph"} for s in sims)
     assert all(state(s).paused and not state(s).crashed for s in sims)
     assert await get(proxy, "/is_sleeping") == {"is_sleeping": True}
-    refused = await post(proxy, "/resume", 409)
-    assert refused["error"]["message"].startswith("memory is released (cuda_graph, kv_cache, weights): POST /wake_up")
-    assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}
-    assert all(s.app[WEIGHTS].released == {"kv_cache", "cuda_graph"} for s in sims)
-    assert all(state(s).paused for s in sims)
-    assert await post(proxy, "/wake_up", params=[("tags", "kv_cache"), ("tags", "cuda_graph")]) == {
-        "status": "awake", "tags": ["kv_cache", "cuda_graph"]}
-    assert all(s.app[WEIGHTS].released == set() and not state(s).paused for s in sims)
+    for i, tags in enumerate(wakes):
+        awake = i == len(wakes) - 1
+        named = [tag for _, tag in tags] or None
+        assert await post(proxy, "/wake_up", params=tags) == {"status": "awake" if awake else "sleeping",
+                                                              "tags": named}
+        if not awake:  # weights alone: the trainer pushes into them while the KV cache and graphs stay out
+            assert all(s.app[WEIGHTS].released == {"kv_cache", "cuda_graph"} and state(s).paused for s in sims)
+            assert await get(proxy, "/is_sleeping") == {"is_sleeping": True}
+    assert all(s.app[WEIGHTS].released == set() and not state(s).paused and not state(s).crashed for s in sims)
     assert await get(proxy, "/is_sleeping") == {"is_sleeping": False}
-    reply = await post(proxy, "/v1/chat/completions", json={**LONG, "max_tokens": 3})
-    assert reply["choices"][0]["finish_reason"] == "length"
+    assert await greedy_ids(proxy) == before
+
+
+async def test_wake_up_tags_as_vllm_answers_them(fleet2, monkeypatch):
+    """A tag already awake wakes nothing more (SGLang's resume of a tag it holds kills its scheduler); a second
+    /sleep releases only what is resident (SGLang would pause its regions again); a tag vLLM does not know is
+    a 400, not vLLM's silent no-op that leaves the engine asleep."""
+    proxy, sims = fleet2
+    plane, sent = proxy.app[ADMIN], []
+    fan_out = plane.fan_out
+
+    async def recording(method, path, bodies, *args, **kwargs):
+        if path.endswith("_memory_occupation"):
+            sent.append((path, bodies["tags"]))
+        return await fan_out(method, path, bodies, *args, **kwargs)
+
+    monkeypatch.setattr(plane, "fan_out", recording)
+    await post(proxy, "/sleep", params={"level": "1"})
+    refused = await post(proxy, "/resume", 409)
+    assert refused["error"]["message"] == ("memory is released (kv_cache, weights): POST /wake_up before /resume, "
+                                           "or SGLang would run on memory it gave back")
+    assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}
+    assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}
+    for tag in ("cuda_graph", "kv-cache"):
+        refused = await post(proxy, "/wake_up", 400, params=[("tags", "kv_cache"), ("tags", tag)])
+        assert refused["error"] == {
+            "message": f"tags must be among weights, kv_cache, scheduling, got {tag!r} (SGLang's cuda_graph "
+                       "memory comes back with kv_cache)",
+            "type": "BadRequestError", "param": "tags", "code": 400}
+    assert await post(proxy, "/sleep", params={"level": "1"}) == {"status": "sleeping", "level": 1}
+    assert await post(proxy, "/wake_up", params=[("tags", "kv_cache"), ("tags", "weights"), ("tags", "scheduling")]
+                      ) == {"status": "awake", "tags": ["kv_cache", "weights", "scheduling"]}
+    assert await post(proxy, "/wake_up", params={"tags": "kv_cache"}) == {"status": "awake", "tags": ["kv_cache"]}
+    assert sent == [("/release_memory_occupation", ["weights", "kv_cache", "cuda_graph"]),
+                    ("/resume_memory_occupation", ["weights"]),
+                    ("/release_memory_occupation", ["weights"]),
+                    ("/resume_memory_occupation", ["weights", "kv_cache", "cuda_graph"])]
+    assert not any(state(s).crashed or state(s).paused or s.app[WEIGHTS].released for s in sims)
 
 
 async def test_sleep_aborts_in_flight_requests_cleanly_before_releasing(fleet2):
@@ -238,7 +289,7 @@ async def test_release_kv_cache_memory_needs_a_completed_pause(fleet2):
     assert refused["error"]["message"] == "release_kv_cache_memory() requires a completed pause first"
     await post(proxy, "/pause", params={"mode": "abort"})
     assert await post(proxy, "/release_kv_cache_memory") == {"status": "kv_cache_released"}
-    assert all(s.app[WEIGHTS].released == {"kv_cache"} for s in sims)
+    assert all(s.app[WEIGHTS].released == {"kv_cache", "cuda_graph"} for s in sims)
     assert await get(proxy, "/is_sleeping") == {"is_sleeping": True}
     assert await post(proxy, "/wake_up", params={"tags": "kv_cache"}) == {"status": "awake", "tags": ["kv_cache"]}
     assert all(state(s).paused for s in sims)  # the trainer's /pause is the trainer's to end

@@ -37,6 +37,19 @@ esac
 if [ "$(cat /tmp/sglang.kind 2>/dev/null)" != "$kind" ] && [ -f /tmp/sglang.pid ]; then
   kill -- -"$(cat /tmp/sglang.pid)" 2>/dev/null; sleep 5; rm -f /tmp/sglang.pid
 fi
+if [ "$kind" = saver ]; then
+  # SGLang imports torch_memory_saver, but start_sglang.sh gives it PYTHONPATH=/tmp/sglang-site alone (not
+  # /tmp/site) and unpacks the bundle there afresh when its size changes: unpack it first as start_sglang.sh
+  # does (so it keeps the folder), then add the wheel.
+  SITE=/tmp/sglang-site; sig=$(stat -c %s .gpu/sglang-site312.tar.xz)
+  if [ "$(cat $SITE/.done 2>/dev/null)" != "$sig" ]; then
+    rm -rf $SITE && mkdir -p $SITE
+    python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .gpu/sglang-site312.tar.xz $SITE
+    echo "$sig" > $SITE/.done
+  fi
+  [ -d $SITE/torch_memory_saver ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target $SITE .whl/torch_memory_saver-*.whl || exit 1
+fi
 if ! python3 -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:30000/health',timeout=2).status!=200)" 2>/dev/null; then
   # shellcheck disable=SC2086
   bash .gpu/start_sglang.sh .gpu/sglang-site312.tar.xz /tmp/tok $args || { cp /tmp/sglang.log "$OUT/"; exit 1; }

@@ -199,7 +199,10 @@ async def release_memory_occupation(request: web.Request) -> web.Response:
 
 async def resume_memory_occupation(request: web.Request) -> web.Response:
     body = await _body(request, (1476, "resume_memory_occupation"), allow_empty=True)
-    _weights(request).released -= set(body.get("tags") or ALL_MEMORY_TAGS)
+    tags, weights = set(body.get("tags") or ALL_MEMORY_TAGS), _weights(request)
+    if not tags <= weights.released:  # the scheduler's offload_tags.remove(tag) raises KeyError and it dies
+        return crash_scheduler(request.app[SIM_STATE])
+    weights.released -= tags
     return json_response(None)
 
 

@@ -7,8 +7,8 @@ in vLLM's request and reply shapes, on every worker behind the proxy.
 | POST /resume, GET /is_paused | /continue_generation (409 while an update runs); the proxy's record |
 | POST /abort_requests {"request_ids"} | /abort_request {"rid"} for each SGLang rid of each id, or {"abort_all": true} |
 | POST /sleep ?level=0|1|2&mode | pause, then /release_memory_occupation (all tags) once idle |
-| POST /wake_up ?tags=.. , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back, if /sleep paused |
-| POST /release_kv_cache_memory | /release_memory_occupation {"tags": ["kv_cache"]} |
+| POST /wake_up ?tags=weights&tags=kv_cache , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back, if /sleep paused |
+| POST /release_kv_cache_memory | /release_memory_occupation {"tags": ["kv_cache", "cuda_graph"]} |
 | POST /reset_prefix_cache | /flush_cache (a busy worker is owed it: flush.py) |
 | POST /init_weight_transfer_engine {"init_info"} | /init_weights_update_group (each worker its own rank_offset) |
 | POST /shutdown_weight_transfer_engine | /destroy_weights_update_group |
@@ -65,8 +65,12 @@ log = logging.getLogger(__name__)
 
 GROUP = "weight_update_group"
 PAUSE_MODES = ("abort", "wait", "keep", "retract", "in_place")  # vLLM's three, then SGLang's own two
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
-WAKE_TAGS = (*MEMORY_TAGS, "scheduling")
+# vLLM's executor sleeps these two (SLEEP_TAGS) and serves once both are awake. SGLang also releases its CUDA
+# graphs' memory, which vLLM does not name: it goes and comes back with kv_cache, so that weights alone can be
+# woken to receive an update while the trainer still holds the GPU (SkyRL's and slime's order), and kv_cache
+# then brings back everything needed to serve.
+SLEEP_TAGS = {"weights": ("weights",), "kv_cache": ("kv_cache", "cuda_graph")}  # vLLM's tag -> SGLang's
+WAKE_TAGS = (*SLEEP_TAGS, "scheduling")
 IDLE_POLL_S = 0.05
 SKYRL_RPC = ("skyrl_start_weight_update", "update_weights_nccl", "skyrl_finish_weight_update")
 
@@ -82,7 +86,7 @@ class NotImplementedBySGLang(WorkerFailed):
 
 @dataclass
 class VllmRlState:
-    released: set[str] = field(default_factory=set)  # memory tags released by /sleep (on every worker)
+    released: set[str] = field(default_factory=set)  # vLLM's SLEEP_TAGS released on every worker
     asleep: bool = False  # /sleep paused the fleet; /wake_up resumes it once everything is back
     last_meta: dict | None = None  # the names / dtypes / shapes of the last update (vLLM reuses them)
 
@@ -183,7 +187,7 @@ async def sleep(request: web.Request) -> web.Response:
         state.asleep = True
         if level >= 1:
             await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
-            await _release(plane, state, urls, None)
+            await _release(plane, state, urls, list(SLEEP_TAGS), "sleep")
     return json_response({"status": "sleeping", "level": level})
 
 
@@ -201,26 +205,31 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
     if busy:
         raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first: requests are still "
                              f"held on {', '.join(busy)} (SGLang releases memory only when idle)")
-    await _release(plane, state, urls, ["kv_cache"])
+    await _release(plane, state, urls, ["kv_cache"], "release_kv_cache_memory")
     return json_response({"status": "kv_cache_released"})
 
 
 async def wake_up(request: web.Request) -> web.Response:
+    """vLLM reads `tags` as a repeated query parameter (?tags=weights&tags=kv_cache); none wakes everything.
+    The named tags still asleep wake; one already awake is skipped (vLLM would skip the whole call). A tag vLLM
+    does not know is a 400 here, where vLLM logs a warning and wakes nothing: asleep, every later request
+    waiting."""
     plane = request.app[ADMIN]
     tags = request.query.getall("tags", []) or None
     for tag in tags or ():
         if tag not in WAKE_TAGS:
-            raise InvalidRequest(f"tags must be among {', '.join(WAKE_TAGS)}, got {tag!r}", param="tags")
+            raise InvalidRequest(f"tags must be among {', '.join(WAKE_TAGS)}, got {tag!r} (SGLang's cuda_graph "
+                                 "memory comes back with kv_cache)", param="tags")
     async with plane.transaction():
         return await _wake_up(plane, request.app[VLLM_RL], tags)
 
 
 async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None) -> web.Response:
-    wanted = set(MEMORY_TAGS) if tags is None else set(tags) - {"scheduling"}
-    back = [tag for tag in MEMORY_TAGS if tag in wanted & state.released]
+    back = [tag for tag in SLEEP_TAGS if tag in state.released and (tags is None or tag in tags)]
     urls = await plane.worker_urls()
     if back:
-        replies = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": back},
+        # SGLang's resume raises (KeyError, and its scheduler dies) for a tag it has not released: only these.
+        replies = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": _sglang_tags(back)},
                                       plane.settings.weight_update_timeout_s, urls)
         raise_for_failures("wake_up", replies)
         state.released -= set(back)
@@ -252,11 +261,20 @@ async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need
                 "--enable-weights-cpu-backup (SGLang would discard them, which is level 2)")
 
 
-async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags: list[str] | None) -> None:
-    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": tags},
+async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags: list[str], action: str) -> None:
+    """Only what is still resident: SGLang would pause a released region again (and stash freed weights), where
+    vLLM's executor makes a second sleep a no-op."""
+    tags = [tag for tag in tags if tag not in state.released]
+    if not tags:
+        return
+    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": _sglang_tags(tags)},
                                   plane.settings.weight_update_timeout_s, urls)
-    raise_for_failures("sleep" if tags is None else "release_kv_cache_memory", replies)
-    state.released |= set(tags or MEMORY_TAGS)
+    raise_for_failures(action, replies)
+    state.released |= set(tags)
+
+
+def _sglang_tags(tags: list[str]) -> list[str]:
+    return [native for tag in tags for native in SLEEP_TAGS[tag]]
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
