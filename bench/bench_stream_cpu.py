@@ -25,12 +25,15 @@ from typing import ClassVar
 
 import orjson
 
-from token_proxy.proxy.pipeline.call import _relay
-from token_proxy.proxy.pipeline.stream_frames import StreamFrames
-from token_proxy.proxy.request_stats import RequestStats
-from token_proxy.proxy.upstream import client as client_module
-from token_proxy.proxy.upstream.stream_relay import RelayStream
-from token_proxy.schemas import ChatFormatter, OutputRules, ResponseMeta, TokenNamer, parse_chat_request
+from token_proxy.api.chat.format import ChatFormatter
+from token_proxy.api.chat.request import parse_chat_request
+from token_proxy.api.logprobs import TokenNamer
+from token_proxy.pipeline.call import _relay
+from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
+from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.stream_frames import StreamFrames
+from token_proxy.sglang import client as client_module
+from token_proxy.sglang.relay import RelayStream
 
 VOCAB = 151665
 EOS = 151645

@@ -25,7 +25,7 @@ def hf_tokenizer(tokenizer_dir):
 @pytest.fixture
 def shared_tokenizer(monkeypatch, hf_tokenizer):
     """Every proxy app in a test session reuses one loaded tokenizer (loading takes ~2 s)."""
-    monkeypatch.setattr("token_proxy.proxy.upstream.connection.load_tokenizer", lambda path: hf_tokenizer)
+    monkeypatch.setattr("token_proxy.sglang.discovery.load_tokenizer", lambda path: hf_tokenizer)
     return hf_tokenizer
 
 
@@ -47,9 +47,9 @@ def make_sim(aiohttp_server, tokenizer_dir):
 @pytest.fixture
 def make_proxy(aiohttp_client, shared_tokenizer, tokenizer_dir):
     """A proxy test client in front of `backend` (a started server or a URL)."""
-    from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.upstream.connection import wait_until_connected
+    from token_proxy.app import create_app
     from token_proxy.settings import Settings
+    from token_proxy.sglang.discovery import wait_until_connected
 
     async def factory(backend, **overrides):
         url = backend if isinstance(backend, str) else str(backend.make_url("")).rstrip("/")

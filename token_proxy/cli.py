@@ -25,8 +25,8 @@ import time
 import urllib.parse
 import urllib.request
 
-from token_proxy.proxy.ops.access_log import configure_logging
-from token_proxy.schemas.fields import bool_word
+from token_proxy.api.fields import bool_word
+from token_proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import tokenizer_dir_problem
 from token_proxy.tools import REASONING_PARSERS, TOOL_PARSERS
@@ -196,7 +196,7 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):
         line = f"{self.prog}: error: {message} (see {self.prog} --help)"
         if self.json_errors:
-            from token_proxy.proxy.ops.access_log import JsonFormatter
+            from token_proxy.ops.access_log import JsonFormatter
 
             record = logging.LogRecord("token_proxy", logging.ERROR, __file__, 0, line, None, None)
             line = JsonFormatter().format(record)
@@ -421,8 +421,8 @@ def reserve_port(host: str, port: int) -> socket.socket:
 def serve(settings: Settings, sock: socket.socket, role=None) -> None:
     from aiohttp import web
 
-    from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.upstream.connection import CONTEXT, ON_FATAL
+    from token_proxy.app import create_app
+    from token_proxy.sglang.discovery import CONTEXT, ON_FATAL
 
     # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
     # the collector thousands of times a second under load. Long-lived objects are frozen out of it.

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.admin_fixtures import free_port, until
-from token_proxy.proxy.admin.workers import ADMIN
+from token_proxy.admin.workers import ADMIN
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.params import initial_params
 from token_proxy.simulator.testing import parse_sse
@@ -239,7 +239,7 @@ async def test_init_broadcaster_converts_prime_rl_ranks_for_each_worker(make_sim
               "at least 3"))
     quantized = await proxy.post("/init_broadcaster", json={**too_small, "quantize_in_weight_transfer": True})
     assert quantized.status == 400
-    from token_proxy.proxy.admin.forward import group_bodies
+    from token_proxy.admin.forward import group_bodies
 
     native = {"master_address": "h", "master_port": 1234, "rank_offset": 3, "world_size": 6}
     bodies = await group_bodies(proxy.app[ADMIN], native, list(urls))

@@ -16,7 +16,7 @@ import aiohttp
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from token_proxy.schemas.sglang_sampling import KIND_OF
+from token_proxy.sglang.sampling import KIND_OF
 from token_proxy.simulator import SIM_STATE
 
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]

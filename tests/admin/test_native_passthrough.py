@@ -11,8 +11,8 @@ import aiohttp
 import orjson
 import pytest
 
-from token_proxy.proxy.admin.native_checks import Limits, SGLangRefusal, check_native
-from token_proxy.schemas.sglang_api import features_for
+from token_proxy.admin.native_checks import Limits, SGLangRefusal, check_native
+from token_proxy.sglang.versions import features_for
 from token_proxy.simulator import SIM_STATE
 
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]

@@ -1,4 +1,4 @@
-"""Routes SGLang 0.5.21 deleted, answered by the proxy in 0.5.17's shape (proxy/admin/removed_routes.py), and
+"""Routes SGLang 0.5.21 deleted, answered by the proxy in 0.5.17's shape (admin/removed_routes.py), and
 TorchRL 0.14.1's weight-sync HTTP calls (torchrl/weight_update/llm/sglang_nccl.py, read from its wheel)
 replayed through the proxy on every simulated SGLang release."""
 
@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.proxy.admin.removed_routes import get_load_items
+from token_proxy.admin.removed_routes import get_load_items
 from token_proxy.simulator import SIM_STATE, info, params
 from token_proxy.simulator.config import VERSIONS
 from token_proxy.simulator.weight_routes import WEIGHTS

@@ -10,12 +10,12 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import free_port, until
-from token_proxy.proxy.admin.workers import ADMIN
-from token_proxy.proxy.upstream.aborts import response_id_of
-from token_proxy.proxy.upstream.context import CONTEXT
-from token_proxy.schemas.sampling import SamplingRequest
-from token_proxy.schemas.sglang_api import features_for
-from token_proxy.schemas.sglang_payload import sglang_request
+from token_proxy.admin.workers import ADMIN
+from token_proxy.api.sampling import SamplingRequest
+from token_proxy.sglang.aborts import response_id_of
+from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.sglang.payload import sglang_request
+from token_proxy.sglang.versions import features_for
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse

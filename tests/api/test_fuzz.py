@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from token_proxy.proxy import http_io
+from token_proxy import http_io
 
 REQUEST_TIMEOUT_S = 10.0  # a request that takes longer counts as a hang
 CONTEXT_LEN = 128  # small, so a valid request that asks for "the rest of the context" stays cheap

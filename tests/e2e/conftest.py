@@ -37,11 +37,11 @@ def live_tokenizer(sglang_url):
 
 @pytest.fixture
 def live_proxy(aiohttp_client, monkeypatch, live_tokenizer, sglang_url):
-    from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.upstream.connection import wait_until_connected
+    from token_proxy.app import create_app
     from token_proxy.settings import Settings
+    from token_proxy.sglang.discovery import wait_until_connected
 
-    monkeypatch.setattr("token_proxy.proxy.upstream.connection.load_tokenizer", lambda path: live_tokenizer)
+    monkeypatch.setattr("token_proxy.sglang.discovery.load_tokenizer", lambda path: live_tokenizer)
 
     async def factory(**overrides):
         settings = Settings(backend_url=sglang_url, backend_wait_s=60.0, **overrides)

@@ -1,10 +1,10 @@
-"""The --workers LoRA map protocol (token_proxy/serving/adapter_sync.py), without processes: when may the
+"""The --workers LoRA map protocol (token_proxy/lora/sync.py), without processes: when may the
 owner unload a replaced adapter version?"""
 
 from __future__ import annotations
 
-from token_proxy.proxy.admin.lora_registry import Adapter, AdapterRegistry
-from token_proxy.serving.adapter_sync import AdapterPublisher, apply_map
+from token_proxy.lora.registry import Adapter, AdapterRegistry
+from token_proxy.lora.sync import AdapterPublisher, apply_map
 
 
 def owner() -> tuple[AdapterRegistry, AdapterPublisher, list[str]]:

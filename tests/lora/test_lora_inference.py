@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 from tests.lora.test_lora import load_lora_adapter, sim_adapters, unload_lora_adapter
 from tests.support.admin_fixtures import proxy_url, until
 from tests.support.lora_fixtures import write_adapter
-from token_proxy.proxy.ops.access_log import ACCESS_LOGGER
+from token_proxy.ops.access_log import ACCESS_LOGGER
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.testing import stream_events
 

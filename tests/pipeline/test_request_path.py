@@ -12,9 +12,9 @@ import pytest
 
 import token_proxy
 from tests.support.module_trace import ModuleTrace, Probe
-from token_proxy.proxy.app import create_app
-from token_proxy.proxy.upstream.connection import wait_until_connected
+from token_proxy.app import create_app
 from token_proxy.settings import Settings
+from token_proxy.sglang.discovery import wait_until_connected
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "ARCHITECTURE.md"
 HEADING = "## Modules one plain chat runs"

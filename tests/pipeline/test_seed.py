@@ -33,7 +33,7 @@ async def test_unhonoured_seed_is_sent_and_reported_by_default(make_sim, make_pr
     body = {"messages": USER, "seed": 7, "temperature": 1.0, "max_tokens": 16, "ignore_eos": True,
             "return_token_ids": True}
     outs = []
-    with caplog.at_level("WARNING", logger="token_proxy.proxy.ops.metrics"):
+    with caplog.at_level("WARNING", logger="token_proxy.ops.metrics"):
         for _ in range(2):
             resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body))
             assert resp.status == 200

@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from token_proxy.schemas.sampling import parse_sampling
-from token_proxy.schemas.sglang_payload import sampling_params
+from token_proxy.api.sampling import parse_sampling
+from token_proxy.sglang.payload import sampling_params
 from token_proxy.simulator.testing import stream_events
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]

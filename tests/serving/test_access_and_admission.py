@@ -7,8 +7,8 @@ import asyncio
 import orjson
 import pytest
 
-from token_proxy.proxy.ops.admission import ADMISSION, Admission, Overloaded
-from token_proxy.proxy.ops.auth import AccessPolicy, Forbidden, Unauthorized
+from token_proxy.ops.admission import ADMISSION, Admission, Overloaded
+from token_proxy.ops.auth import AccessPolicy, Forbidden, Unauthorized
 from token_proxy.simulator import SIM_STATE
 
 USER = [{"role": "user", "content": "hi"}]
@@ -108,8 +108,8 @@ async def test_api_key_is_required_on_inference_when_configured(make_sim, make_p
 
 
 def test_weight_paths_stay_under_the_allowed_roots(tmp_path):
+    from token_proxy.admin.checks import local_dir
     from token_proxy.errors import InvalidRequest
-    from token_proxy.proxy.admin.checks import local_dir
     from token_proxy.settings import Settings
 
     root, outside = tmp_path / "ckpt", tmp_path / "elsewhere"

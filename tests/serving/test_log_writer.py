@@ -9,9 +9,9 @@ import os
 
 import orjson
 
-from token_proxy.proxy.ops import log_writer
-from token_proxy.proxy.ops.access_log import ACCESS_LOGGER, configure_logging, sole_writer
-from token_proxy.proxy.ops.log_writer import PIPE_BUF, LogWriter
+from token_proxy.ops import log_writer
+from token_proxy.ops.access_log import ACCESS_LOGGER, configure_logging, sole_writer
+from token_proxy.ops.log_writer import PIPE_BUF, LogWriter
 
 
 def test_batches_hold_whole_lines_of_at_most_pipe_buf_bytes(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import re
 import orjson
 import pytest
 
-from token_proxy.proxy.ops.access_log import ACCESS_LOGGER, JsonFormatter, configure_logging
+from token_proxy.ops.access_log import ACCESS_LOGGER, JsonFormatter, configure_logging
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"
@@ -91,16 +91,16 @@ def test_configured_logging_writes_access_lines_raw_and_the_rest_as_json(monkeyp
     saved = root.handlers[:], root.level
     try:
         listener = configure_logging("info", "json")
-        logging.getLogger("token_proxy.proxy.app").info("serving %s", "tiny")
+        logging.getLogger("token_proxy.app").info("serving %s", "tiny")
         logging.getLogger(ACCESS_LOGGER).info('{"request_id":"r1"}')
-        logging.getLogger("token_proxy.proxy.app").debug("hidden")
+        logging.getLogger("token_proxy.app").debug("hidden")
         listener.stop()
         atexit.unregister(listener.stop)
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
     first, second = stream.getvalue().splitlines()
-    assert orjson.loads(first) | {"ts": 0} == {"ts": 0, "level": "info", "logger": "token_proxy.proxy.app",
+    assert orjson.loads(first) | {"ts": 0} == {"ts": 0, "level": "info", "logger": "token_proxy.app",
                                                 "message": "serving tiny"}
     assert second == '{"request_id":"r1"}'
 

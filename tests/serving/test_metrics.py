@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from token_proxy.proxy.ops.metrics import METRICS, UNMATCHED
-from token_proxy.proxy.request_stats import stats_of
+from token_proxy.ops.metrics import METRICS, UNMATCHED
+from token_proxy.pipeline.request_stats import stats_of
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"
@@ -55,9 +55,9 @@ async def until(predicate, timeout_s: float = 3.0):
 @pytest.fixture
 def make_app_client(aiohttp_client, shared_tokenizer, tokenizer_dir):
     """A proxy whose app the test may extend before it starts (extra routes, metrics knobs)."""
-    from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.upstream.connection import wait_until_connected
+    from token_proxy.app import create_app
     from token_proxy.settings import Settings
+    from token_proxy.sglang.discovery import wait_until_connected
 
     async def factory(sim, routes=(), weight_routes=None, **overrides):
         url = str(sim.make_url("")).rstrip("/")
@@ -225,7 +225,7 @@ async def test_middleware_costs_microseconds(proxy):
     """A budget, not a benchmark: the middleware's own work stays far below a millisecond."""
     import time
 
-    from token_proxy.proxy.request_stats import RequestStats
+    from token_proxy.pipeline.request_stats import RequestStats
 
     metrics = proxy.app[METRICS]
     stats = RequestStats(endpoint=CHAT, stream=True, prompt_tokens=10, completion_tokens=20, prompt_cache_hit=True,

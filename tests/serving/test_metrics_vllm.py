@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serving.test_metrics import until
 from tests.support.golden import golden_file
-from token_proxy.proxy.ops.vllm_metrics import BackendMetrics, derive, parse_sglang
+from token_proxy.ops.vllm_metrics import BackendMetrics, derive, parse_sglang
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import metrics_text, set_sglang_metrics
 

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from token_proxy.cli import FLAG_GROUPS, new_event_loop, normalise_backend_url, parse_settings
-from token_proxy.proxy.ops.access_log import RepeatFilter
+from token_proxy.ops.access_log import RepeatFilter
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CLI = [sys.executable, "-m", "token_proxy.cli"]
@@ -138,15 +138,15 @@ def test_a_tokenizer_that_fails_to_load_ends_start_up_naming_its_path(tmp_path):
 
 async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_client, monkeypatch, tokenizer_dir):
     """SGLang answers /health 200, but the proxy cannot serve yet (its tokenizer is still loading)."""
-    from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.upstream.connection import CONTEXT
+    from token_proxy.app import create_app
     from token_proxy.settings import Settings
+    from token_proxy.sglang.discovery import CONTEXT
 
     def slow_load(path):
         time.sleep(1.0)
         raise OSError("not a tokenizer")
 
-    monkeypatch.setattr("token_proxy.proxy.upstream.connection.load_tokenizer", slow_load)
+    monkeypatch.setattr("token_proxy.sglang.discovery.load_tokenizer", slow_load)
     sim = await make_sim()
     proxy = await aiohttp_client(create_app(Settings(backend_url=str(sim.make_url("")).rstrip("/"),
                                                      tokenizer=str(tokenizer_dir))))
@@ -208,7 +208,7 @@ def test_backend_without_an_http_scheme_is_refused(given, capsys):
 async def test_wait_reasons_say_what_happened(aiohttp_server, unused_tcp_port):
     import aiohttp
 
-    from token_proxy.proxy.upstream.client import SGLangClient
+    from token_proxy.sglang.client import SGLangClient
 
     async def unhealthy(request):
         return web.Response(status=503)

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from token_proxy.cli import parse_settings
-from token_proxy.proxy.upstream.connection import health_hint
+from token_proxy.sglang.discovery import health_hint
 
 CLI = [sys.executable, "-m", "token_proxy.cli"]
 
@@ -125,7 +125,7 @@ def test_health_hints_name_the_backend_url():
 
 
 async def test_health_names_the_url_when_the_backend_is_not_sglang(aiohttp_server, aiohttp_client, tokenizer_dir):
-    from token_proxy.proxy.app import create_app
+    from token_proxy.app import create_app
     from token_proxy.settings import Settings
 
     server = await aiohttp_server(web.Application())  # answers 404 to everything, /health included
@@ -211,7 +211,7 @@ async def test_losing_sglang_and_getting_it_back_are_logged_once_each(make_sim, 
     caplog.set_level(logging.INFO, logger="token_proxy")
 
     def lines():
-        return [r.getMessage() for r in caplog.records if r.name == "token_proxy.proxy.upstream.connection"
+        return [r.getMessage() for r in caplog.records if r.name == "token_proxy.sglang.discovery"
                 and r.getMessage().startswith(("lost SGLang", "SGLang at"))]
 
     async def until(predicate):

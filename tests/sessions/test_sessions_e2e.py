@@ -14,7 +14,7 @@ from itertools import pairwise
 import openai
 
 from tests.sessions.test_multiturn import EOS
-from token_proxy.proxy.sessions import SESSIONS
+from token_proxy.api.chat.sessions import SESSIONS
 
 MODEL = "sim/qwen2-tiny"
 SAMPLING = {"return_token_ids": True, "min_tokens": 12, "logit_bias": {str(EOS): 100}}

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests.support.admin_fixtures import free_port, stop_process
-from token_proxy.proxy.admin.workers import ADMIN
+from token_proxy.admin.workers import ADMIN
 from token_proxy.simulator import SIM_STATE
 
 pytest.importorskip("sglang_router")

@@ -12,13 +12,13 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.proxy.admin import flush
-from token_proxy.proxy.admin.workers import ADMIN
-from token_proxy.proxy.upstream.context import CONTEXT
-from token_proxy.schemas.sampling import SamplingRequest
-from token_proxy.schemas.sglang_api import SAMPLING_KEYS_0517, features_for
-from token_proxy.schemas.sglang_payload import sampling_params, sglang_request
-from token_proxy.schemas.sglang_sampling import keys_for
+from token_proxy.admin import flush
+from token_proxy.admin.workers import ADMIN
+from token_proxy.api.sampling import SamplingRequest
+from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.sglang.payload import sampling_params, sglang_request
+from token_proxy.sglang.sampling import keys_for
+from token_proxy.sglang.versions import SAMPLING_KEYS_0517, features_for
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.config import VERSIONS
 from token_proxy.simulator.sampling_params import KNOWN_KEYS
@@ -154,7 +154,7 @@ async def new_proxy(make_proxy, new_sim):
 
 
 async def test_the_proxy_detects_the_version_at_connect_and_logs_it(make_sim, make_proxy, caplog):
-    caplog.set_level(logging.INFO, logger="token_proxy.proxy.upstream.connection")
+    caplog.set_level(logging.INFO, logger="token_proxy.sglang.discovery")
     proxy = await make_proxy(await make_sim(sglang_version="0.5.21"))
     assert proxy.app[CONTEXT].backend.api.generation == "0.5.21"
     assert "SGLang 0.5.21 (behaviour read from SGLang's released source, not run)" in caplog.text

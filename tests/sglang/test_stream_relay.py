@@ -1,4 +1,4 @@
-"""The callback relay of streamed /generate (proxy/upstream/stream_relay.py): HTTP framing split at any
+"""The callback relay of streamed /generate (sglang/relay.py): HTTP framing split at any
 byte, typed errors, timeouts, flow control, and the same bytes to the client as aiohttp's path."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import orjson
 import pytest
 
 from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
-from token_proxy.proxy.upstream import client as client_module
-from token_proxy.proxy.upstream.context import CONTEXT
-from token_proxy.proxy.upstream.stream_relay import RelayStream, relay_target
+from token_proxy.sglang import client as client_module
+from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.sglang.relay import RelayStream, relay_target
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 

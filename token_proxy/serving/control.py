@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from token_proxy.proxy.admin.lora import LORA
-from token_proxy.proxy.admin.lora_registry import ADAPTERS
-from token_proxy.proxy.http_io import json_response, read_json
-from token_proxy.serving.adapter_sync import AdapterPublisher
+from token_proxy.http_io import json_response, read_json
+from token_proxy.lora.registry import ADAPTERS
+from token_proxy.lora.sync import AdapterPublisher
+from token_proxy.lora.workers import LORA
 from token_proxy.serving.metrics_block import render_owner_block
 
 PUBLISHER = web.AppKey("adapter_publisher", AdapterPublisher)

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from token_proxy.proxy.ops.metrics import METRICS
+from token_proxy.ops.metrics import METRICS
 
 log = logging.getLogger(__name__)
 

@@ -51,11 +51,11 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     from aiohttp import web
     from prometheus_client import multiprocess
 
-    from token_proxy.proxy.app import create_app
-    from token_proxy.proxy.ops.access_log import ACCESS_LOGGER
-    from token_proxy.proxy.upstream.connection import ON_FATAL
+    from token_proxy.app import create_app
+    from token_proxy.ops.access_log import ACCESS_LOGGER
     from token_proxy.serving.metrics_block import WORKER_PIDS
     from token_proxy.serving.role import OWNER, Role
+    from token_proxy.sglang.discovery import ON_FATAL
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     _end_with_parent()
     settings = pickle.loads((Path(run_dir) / "settings.pickle").read_bytes())
     from token_proxy.cli import serve
-    from token_proxy.proxy.ops.access_log import configure_logging
+    from token_proxy.ops.access_log import configure_logging
 
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))

@@ -11,16 +11,16 @@ import logging
 import aiohttp
 from aiohttp import web
 
+from token_proxy.admin.routes import add_admin_routes
 from token_proxy.errors import BackendUnavailable, NotFound
-from token_proxy.proxy.admin.lora import LORA
-from token_proxy.proxy.admin.lora_registry import ADAPTERS, AdapterRegistry
-from token_proxy.proxy.admin.routes import add_admin_routes
-from token_proxy.proxy.ops.access_log import WORKER_INDEX
-from token_proxy.proxy.ops.metrics import EXTRA_METRICS
-from token_proxy.proxy.upstream.context import CONTEXT
-from token_proxy.serving.adapter_sync import AdapterFollower
+from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
+from token_proxy.lora.sync import AdapterFollower
+from token_proxy.lora.workers import LORA
+from token_proxy.ops.access_log import WORKER_INDEX
+from token_proxy.ops.metrics import EXTRA_METRICS
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.serving.role import ROLE
+from token_proxy.sglang.discovery import CONTEXT
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from token_proxy.proxy.ops.access_log import configure_logging
+from token_proxy.ops.access_log import configure_logging
 from token_proxy.simulator.app import SimulatorStartError, run_simulator
 from token_proxy.simulator.config import VERSIONS, SimConfig
 

@@ -1,0 +1,1 @@
+"""token_proxy.admin (issue 21 layout; see ARCHITECTURE.md)."""

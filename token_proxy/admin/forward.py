@@ -1,0 +1,262 @@
+"""SGLang's native admin endpoints (one table, one forwarder) and the pass-through of every other
+route, so clients and routers written for SGLang keep working through the proxy."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from token_proxy.admin import checks as check
+from token_proxy.admin import native_checks as native
+from token_proxy.admin import weight_session
+from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
+from token_proxy.admin.workers import (
+    ADMIN,
+    AdminPlane,
+    StepResult,
+    WorkerFailed,
+    WorkerReply,
+    failure_status,
+    server_infos,
+)
+from token_proxy.errors import InvalidRequest, NotFound
+from token_proxy.http_io import parse_json_object
+from token_proxy.sglang.discovery import CONTEXT
+
+SHORT_TIMEOUT_S = 30.0
+
+Prepare = Callable[[AdminPlane, dict, list[str]], Awaitable[list[dict]]]
+After = Callable[[AdminPlane, dict, list[WorkerReply]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    methods: tuple[str, ...]
+    path: str
+    timeout: str  # the Settings field bounding the call, or "short"
+    fan_out: bool = True  # False: the first worker answers (reads)
+    prepare: Prepare | None = None  # validate, and give each worker its body
+    after: After | None = None  # the proxy's bookkeeping (weight versions, NCCL steps)
+    session: bool = False  # inside SGLang's weight-update session where it is gated (weight_session.py)
+
+
+async def disk_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    check.local_dir(body.get("model_path"), "model_path", plane.settings)
+    return await safe_flush(plane, [body] * len(urls), urls)
+
+
+async def group_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """Validated, and with each worker's own rank_offset when several share one group."""
+    check.host(body.get("master_address"), "master_address")
+    check.port(body.get("master_port"), "master_port")
+    world_size = check.integer(body.get("world_size"), "world_size", 2)
+    first = check.integer(body.get("rank_offset"), "rank_offset", 0)  # rank_layout says why not 0
+    check.text(body.get("group_name"), "group_name", default="weight_update_group")
+    check.backend(body.get("backend", "nccl"))
+    offsets = check.rank_layout(first, await tp_sizes(plane, urls), world_size)
+    return [{**body, "rank_offset": offset} for offset in offsets]
+
+
+async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    check.tensor_specs(body)
+    return await safe_flush(plane, [body] * len(urls), urls)
+
+
+async def tp_sizes(plane: AdminPlane, urls: list[str]) -> list[int]:
+    """Ranks per worker (tp_size x pp_size from /server_info; data parallel cannot join a group)."""
+    sizes = []
+    for url, info in zip(urls, await server_infos(plane, urls)):
+        if (info.get("dp_size") or 1) > 1 and not info.get("enable_dp_attention"):
+            raise InvalidRequest(f"{url} runs data parallel (dp_size {info['dp_size']}); SGLang cannot "
+                                 "join a weight-update group that way")
+        sizes.append((info.get("tp_size") or 1) * (info.get("pp_size") or 1))
+    return sizes
+
+
+def note_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.record_version(_version(body.get("weight_version")))
+
+
+def note_new_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.record_version(_version(body.get("new_version")))
+
+
+def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    """A failed bucket, or the bucket that carries the weight version, ends one NCCL push."""
+    failed = [r for r in replies if not r.ok]
+    version = _version(body.get("weight_version"))
+    if failed:
+        message = "; ".join(f"{r.url}: {r.message}" for r in failed)
+        plane.publish_step(StepResult(False, message, version))
+    elif version is not None:
+        plane.record_version(version)
+        plane.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
+        plane.publish_step(StepResult(True, "weights received", version))
+
+
+def note_continue(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.paused = False
+        if plane.spawn is not None:
+            settle_owed_flushes(plane, plane.spawn)
+
+
+def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    if all(r.ok for r in replies):
+        plane.mark_paused()
+
+
+def note_group(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    """A group every worker joined: NCCL steps may now arrive (routes.py fails fast without one)."""
+    if all(r.ok for r in replies):
+        plane.live_groups.add(body.get("group_name") or "weight_update_group")
+
+
+def note_group_gone(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    plane.live_groups.discard(body.get("group_name") or "weight_update_group")
+
+
+def note_session_open(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    weight_session.note_client_session(plane, weight_session.BEGIN, replies)
+
+
+def note_session_closed(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
+    weight_session.note_client_session(plane, weight_session.END, replies)
+
+
+# /load_lora_adapter and /unload_lora_adapter: the LoRA registry owns them (lora_routes.py).
+FORWARDS = (
+    Forward(("POST",), "/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
+            after=note_version),
+    Forward(("POST",), "/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
+            after=note_group),
+    Forward(("POST",), "/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
+            after=note_step, session=True),
+    # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
+    Forward(("POST",), "/begin_weight_update", "admin_timeout_s", after=note_session_open),
+    Forward(("POST",), "/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
+    Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
+    Forward(("POST",), "/update_weight_version", "admin_timeout_s", after=note_new_version),
+    Forward(("POST",), "/pause_generation", "admin_timeout_s", after=note_pause),
+    Forward(("POST",), "/continue_generation", "admin_timeout_s", after=note_continue),
+    Forward(("GET", "POST"), "/flush_cache", "admin_timeout_s"),
+    Forward(("GET", "POST"), "/release_memory_occupation", "weight_update_timeout_s"),
+    Forward(("GET", "POST"), "/resume_memory_occupation", "weight_update_timeout_s"),
+    Forward(("GET", "POST"), "/get_weights_by_name", "admin_timeout_s", fan_out=False),
+    Forward(("GET",), "/model_info", "short", fan_out=False),
+    Forward(("GET",), "/get_model_info", "short", fan_out=False),
+    Forward(("GET",), "/server_info", "short", fan_out=False),
+    Forward(("GET",), "/get_server_info", "short", fan_out=False),
+)
+
+
+def timeout_of(plane: AdminPlane, name: str) -> float:
+    return SHORT_TIMEOUT_S if name == "short" else getattr(plane.settings, name)
+
+
+def forwarder(row: Forward):
+    async def forward(request: web.Request) -> web.Response:
+        plane = request.app[ADMIN]
+        raw = await request.read()
+        urls = await plane.worker_urls()
+        urls = urls if row.fan_out else urls[:1]
+        body = _json_object(raw) if row.prepare or row.after else {}
+        bodies = await row.prepare(plane, body, urls) if row.prepare else (raw or None)
+        path = request.path_qs if request.query_string else row.path
+        def call():
+            return plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+
+        replies = await (weight_session.bracketed(plane, urls, call, row.path) if row.session else call())
+        if row.prepare in (disk_bodies, tensor_bodies):  # SGLang 0.5.22+: updated, flush refused
+            replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
+        if row.after:
+            row.after(plane, body, replies)
+        return sglang_reply(row.path, replies)
+
+    return forward
+
+
+def sglang_reply(path: str, replies: list[WorkerReply]) -> web.Response:
+    """One worker: SGLang's reply unchanged. Several: the first reply when all succeed, else SGLang's
+    failure shape naming each worker. A worker that cannot be reached is the proxy's 503/504."""
+    if len(replies) == 1 and replies[0].error is None:
+        return _as_is(replies[0])
+    failed = [r for r in replies if not r.ok]
+    if not failed:
+        return _as_is(replies[0])
+    if len(replies) == 1:
+        raise WorkerFailed(replies[0].error.status, f"{path}: {replies[0].message}")
+    message = f"{path} failed on {len(failed)} of {len(replies)} workers: " + "; ".join(
+        f"{r.url}: {r.message}" for r in failed)
+    workers = [{"url": r.url, "status": r.status or None, "success": r.ok, "message": r.message} for r in replies]
+    body = {"success": False, "message": message, "workers": workers}
+    return web.Response(status=failure_status(failed), body=orjson.dumps(body), content_type="application/json")
+
+
+def _as_is(reply: WorkerReply) -> web.Response:
+    response = web.Response(status=reply.status, body=reply.raw)
+    response.content_type = reply.content_type or "application/octet-stream"
+    return response
+
+
+def _json_object(raw: bytes) -> dict:
+    return parse_json_object(raw) if raw.strip() else {}
+
+
+def _version(value) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- pass-through of routes the proxy does not own ------------------------------------------------
+
+# Hop-by-hop headers, and those aiohttp recomputes; Accept-Encoding so SGLang sends identity bytes.
+_DROP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                   "trailer", "transfer-encoding", "upgrade", "content-length", "accept-encoding",
+                   "content-encoding"})
+
+
+async def passthrough(request: web.Request) -> web.StreamResponse:
+    """Method, headers, body and a streamed reply, unchanged, to the backend (server or router).
+    A route SGLang does not know either is the proxy's own OpenAI-shaped 404. A native route's body
+    that would crash SGLang is refused first, in SGLang's own error shape (native_checks.py)."""
+    ctx = request.app[CONTEXT]
+    client = ctx.client
+    body = await request.read() if request.can_read_body else None
+    if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
+        native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
+                                                              ctx.backend.api.sampling_keys))
+    async with client.open(request.method, request.path_qs, body or None, _kept(request.headers)) as upstream:
+        if upstream.status == 404:
+            raw = await upstream.read()
+            if raw.strip() in (b"", b'{"detail":"Not Found"}'):
+                raise NotFound(f"The route {request.path} does not exist")
+            return web.Response(status=404, body=raw, headers=_kept(upstream.headers))
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                      headers=_kept(upstream.headers))
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+
+def _kept(headers) -> CIMultiDict:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP)
+
+
+def add_forward_routes(app: web.Application) -> None:
+    for row in FORWARDS:
+        handler = forwarder(row)
+        for method in row.methods:
+            app.router.add_route(method, row.path, handler)
+
+
+def add_passthrough(app: web.Application) -> None:
+    """Last: aiohttp matches routes in the order they were added."""
+    app.router.add_route("*", "/{tail:.*}", passthrough)

@@ -1,0 +1,204 @@
+"""prime-rl's admin plane (the endpoints prime-rl adds to vLLM), mapped onto SGLang's, on every worker.
+
+One update step as prime-rl drives it: POST /pause everywhere -> the trainer writes or broadcasts
+the weights -> POST /update_weights everywhere -> POST /resume (always). Replies are prime-rl's
+shapes; a failure is an error naming each failed worker with SGLang's own message.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from aiohttp import web
+
+from token_proxy.admin import checks as check
+from token_proxy.admin import fleet, vllm_rl
+from token_proxy.admin.flush import read_pending
+from token_proxy.admin.forward import (
+    add_forward_routes,
+    add_passthrough,
+    group_bodies,
+    note_group,
+)
+from token_proxy.admin.removed_routes import add_removed_routes
+from token_proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
+from token_proxy.errors import InvalidRequest, ProxyError
+from token_proxy.http_io import json_response, read_json
+from token_proxy.lora.routes import add_lora_routes
+from token_proxy.sglang.discovery import CONTEXT
+
+log = logging.getLogger(__name__)
+
+LIVENESS_TIMEOUT_S = 10.0
+NCCL_READY_MARKER = "NCCL_READY"  # prime-rl touches it in weight_dir before an NCCL push
+_STEP = re.compile(r"step_(\d+)")
+# prime-rl / vLLM pause modes -> SGLang's; "keep" is the configured default (--pause-mode).
+_PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place"}
+
+
+async def pause(request: web.Request) -> web.Response:
+    """Two dialects share POST /pause (vllm_rl.py documents the rule): vLLM's names its `mode` or
+    `clear_cache` in the query string; anything else (bare, or a JSON body) is prime-rl's."""
+    if vllm_rl.is_vllm_pause(request):
+        return await vllm_rl.pause(request)
+    plane = request.app[ADMIN]
+    mode = _pause_mode(plane, (await _optional_json(request)).get("mode"))
+    await fleet.pause_workers(plane, mode, await plane.worker_urls())
+    return json_response({"status": "paused"})
+
+
+def _pause_mode(plane: AdminPlane, requested) -> str:
+    if requested in (None, "keep"):
+        return plane.settings.pause_mode
+    if requested not in _PAUSE_MODES:
+        raise InvalidRequest(f"mode must be keep, abort, retract or in_place, got {requested!r}", param="mode")
+    return _PAUSE_MODES[requested]
+
+
+async def resume(request: web.Request) -> web.Response:
+    """Both dialects. Refused (409) while a weight update runs, and while a failed one holds the workers
+    paused (fleet.py)."""
+    plane = request.app[ADMIN]
+    fleet.refuse_resume(plane, check.query_flag(request.query, "force", False))
+    vllm_rl.refuse_resume_while_asleep(request.app)
+    await fleet.resume_all(plane, await plane.worker_urls())
+    vllm_rl.note_awake(request.app)
+    return json_response({"status": "resumed"})
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    """A weight directory -> a fleet update from disk (fleet.py: all workers or none, cache flushed,
+    version bumped); null (or prime-rl's NCCL_READY-only directory) -> wait for the trainer's NCCL push
+    to land, refused at once (409) when no weight-update group is live. A body with `update_info` is
+    vLLM's /update_weights (vllm_rl.py)."""
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    if vllm_rl.is_vllm_update(body):
+        return await vllm_rl.update_weights(request, body)
+    weight_dir = body.get("weight_dir")
+    if weight_dir is None or _is_nccl_marker_dir(plane, weight_dir):
+        vllm_rl.require_group(plane, "update_weights")
+        step = await plane.next_step(plane.settings.weight_update_timeout_s)
+        if not step.ok:
+            raise WorkerFailed(400, f"update_weights (NCCL) failed: {step.message}")
+        return json_response({"status": "ok", "weight_version": step.version})
+    path = check.local_dir(weight_dir, "weight_dir", plane.settings)
+    version = str(body.get("weight_version") or _next_version(plane, path))
+    await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
+    return json_response({"status": "ok", "weight_version": version})
+
+
+def _verify_checksum(body: dict) -> bool:
+    """`"verify": "checksum"`: also check every worker reports one weights checksum (/weights_checker)."""
+    verify = body.get("verify")
+    if verify not in (None, "version", "checksum"):
+        raise InvalidRequest(f"verify must be 'version' or 'checksum', got {verify!r}", param="verify")
+    return verify == "checksum"
+
+
+async def reload_weights(request: web.Request) -> web.Response:
+    """Older prime-rl: back to the weights the server started with."""
+    plane = request.app[ADMIN]
+    if not plane.base_model_path:
+        raise WorkerFailed(502, "reload_weights: SGLang did not report the model_path it started with")
+    await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
+    return json_response({"status": "ok", "weight_version": plane.initial_version})
+
+
+def _is_nccl_marker_dir(plane: AdminPlane, weight_dir) -> bool:
+    if not plane.settings.check_local_paths or not isinstance(weight_dir, str):
+        return False
+    directory = Path(weight_dir)
+    return (directory / NCCL_READY_MARKER).exists() and not any(directory.glob("*.safetensors"))
+
+
+def _next_version(plane: AdminPlane, path: str) -> str:
+    """prime-rl writes step N to .../step_N: that N; otherwise one past the current number."""
+    steps = _STEP.findall(path)
+    if steps:
+        return steps[-1]
+    current = plane.version or ""
+    return str(int(current) + 1) if current.isdigit() else str(len(plane.history) + 1)
+
+
+async def init_broadcaster(request: web.Request) -> web.Response:
+    """prime-rl: trainer rank 0, inference ranks rank_offset + local_gpu + 1, world size
+    inference_world_size + 1 -> SGLang: rank_offset + 1 (its ranks are rank_offset + tp_rank)."""
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    if body.get("quantize_in_weight_transfer"):
+        raise InvalidRequest("quantize_in_weight_transfer is not supported by SGLang's weight-update group",
+                             param="quantize_in_weight_transfer")
+    rank_offset = body.get("rank_offset", body.get("server_rank", 0))
+    inference_world_size = body.get("inference_world_size", body.get("num_inference_server"))
+    check.integer(rank_offset, "rank_offset", 0)
+    check.integer(inference_world_size, "inference_world_size", 1)
+    check.host(body.get("host"), "host")  # prime-rl's names, checked before they become SGLang's
+    check.port(body.get("port"), "port")
+    timeout_s = check.seconds(body.get("timeout"), "timeout", plane.settings.init_group_timeout_s)
+    native = {"master_address": body.get("host"), "master_port": body.get("port"),
+              "rank_offset": rank_offset + 1, "world_size": inference_world_size + 1,
+              "group_name": body.get("group_name", "weight_update_group"), "backend": body.get("backend", "nccl")}
+    urls = await plane.worker_urls()
+    bodies = await group_bodies(plane, native, urls)
+    async with plane.transaction():
+        replies = await plane.fan_out("POST", "/init_weights_update_group", bodies, timeout_s, urls)
+    raise_for_failures("init_broadcaster", replies)
+    note_group(plane, native, replies)
+    return json_response({"status": "ok"})
+
+
+async def liveness(request: web.Request) -> web.Response:
+    """Every worker's scheduler answers (/v1/loads goes through it, paused or not) within 10 s."""
+    plane = request.app[ADMIN]
+    try:
+        replies = await read_pending(plane, await plane.worker_urls(), LIVENESS_TIMEOUT_S)
+    except ProxyError as exc:
+        return json_response({"status": "engine_unresponsive", "message": exc.message}, status=503)
+    dead = [r for r in replies if not r.ok]
+    if dead:
+        message = "; ".join(f"{r.url}: {r.message}" for r in dead)
+        return json_response({"status": "engine_unresponsive", "message": message}, status=503)
+    return json_response({"status": "ok"})
+
+
+async def _optional_json(request: web.Request) -> dict:
+    return await read_json(request) if (await request.read()).strip() else {}
+
+
+PRIME_RL_ROUTES = (
+    ("POST", "/pause", pause),
+    ("POST", "/resume", resume),
+    ("POST", "/update_weights", update_weights),
+    ("POST", "/reload_weights", reload_weights),
+    ("POST", "/init_broadcaster", init_broadcaster),
+    ("GET", "/liveness", liveness),
+)
+
+
+def add_admin_routes(app: web.Application) -> None:
+    """prime-rl's endpoints, LoRA's (both dialects), SGLang's forwarded ones, then (last) the
+    pass-through of the rest."""
+    app.cleanup_ctx.append(_admin_plane)
+    for method, path, handler in PRIME_RL_ROUTES:
+        app.router.add_route(method, path, handler)
+    vllm_rl.add_vllm_rl_routes(app)
+    add_lora_routes(app)
+    add_forward_routes(app)
+    add_removed_routes(app)
+    add_passthrough(app)
+
+
+async def _admin_plane(app: web.Application):
+    ctx = app[CONTEXT]
+    plane = app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
+                                    initial_version=None, version=None, spawn=ctx.spawn)
+
+    def learn(engine) -> None:  # once SGLang is known (start-up may come before it)
+        plane.base_model_path = plane.loaded_path = engine.backend.model_path
+        plane.initial_version = plane.version = engine.backend.weight_version
+
+    ctx.when_ready(learn)
+    yield

@@ -1,0 +1,572 @@
+"""vLLM 0.33's RL admin API (its RLHF router and dev sleep/cache routes, VLLM_SERVER_DEV_MODE=1) on SGLang,
+in vLLM's request and reply shapes, on every worker behind the proxy.
+
+| vLLM route | SGLang |
+|---|---|
+| POST /pause ?mode=abort|wait|keep&clear_cache | /pause_generation abort / (drain, then in_place) / --pause-mode; /flush_cache |
+| POST /resume, GET /is_paused | /continue_generation (409 while an update runs); the proxy's record |
+| POST /abort_requests {"request_ids"} | /abort_request {"rid"} for each SGLang rid of each id, or {"abort_all": true} |
+| POST /sleep ?level=0|1|2&mode | pause, then /release_memory_occupation (all tags) once idle |
+| POST /wake_up ?tags=weights&tags=kv_cache , GET /is_sleeping | /resume_memory_occupation {"tags"}; /continue_generation once all is back, if /sleep paused |
+| POST /release_kv_cache_memory | /release_memory_occupation {"tags": ["kv_cache", "cuda_graph"]} |
+| POST /reset_prefix_cache | /flush_cache (a busy worker is owed it: flush.py) |
+| POST /init_weight_transfer_engine {"init_info"} | /init_weights_update_group (each worker its own rank_offset) |
+| POST /shutdown_weight_transfer_engine | /destroy_weights_update_group |
+| POST /start_weight_update, /update_weights {"update_info"}, /finish_weight_update {"weight_version"} | /update_weights_from_distributed per update (0.5.21+: inside /begin_weight_update … /end_weight_update); /update_weight_version, verify, flush |
+| POST /update_weight_version {"new_version"} | forwarded as is (SGLang's route has the same name and body) |
+| GET /weight_info | /model_info weight_version of every worker |
+| POST /weight_checker {"action", "baseline"} | /weights_checker checksum / reset_tensors |
+| GET /get_world_size ?include_dp | /server_info tp_size x pp_size (x dp_size), summed over the workers |
+| POST /collective_rpc | SkyRL's three weight-sync methods only |
+
+What SGLang cannot do is a 501 naming the missing capability, never a quiet success: `wait` is emulated
+(SGLang has no drain-only pause: the proxy waits until every worker is idle, then pauses in place, and
+requests arriving meanwhile are admitted and waited for too); sleeping with `mode=keep` (SGLang releases
+memory only when idle: its scheduler asserts); level 1 without --enable-weights-cpu-backup (SGLang would
+discard the weights, which is level 2); any level >= 1 without --enable-memory-saver (the release would
+be a no-op); an ncclUniqueId rendezvous; vLLM's packed broadcast buffers; CUDA IPC handles; draft-model
+updates; reset_running_requests / reset_external; any other collective_rpc method.
+
+Dialects. POST /pause and POST /update_weights are also prime-rl's (routes.py), told apart thus:
+- /pause is vLLM's when its query string names `mode` or `clear_cache` (vLLM reads only the query);
+  a bare POST /pause, or one with a JSON body, is prime-rl's (keep in-flight requests, --pause-mode).
+  So a bare POST means prime-rl's keep, not vLLM's default abort: vLLM clients that want abort say so.
+- /update_weights is vLLM's when the body has `update_info`; otherwise prime-rl's (`weight_dir`: a
+  directory to load, or null: an NCCL push).
+Every NCCL step, in either dialect, answers 409 at once when no weight-update group is live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from token_proxy.admin import checks as check
+from token_proxy.admin import fleet, weight_session
+from token_proxy.admin.flush import flush_or_owe, pending, read_pending
+from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
+from token_proxy.admin.workers import (
+    ADMIN,
+    AdminPlane,
+    WorkerFailed,
+    failure_status,
+    raise_for_failures,
+    server_infos,
+)
+from token_proxy.errors import BackendTimeout, InvalidRequest
+from token_proxy.http_io import json_response, read_json
+from token_proxy.sglang.discovery import CONTEXT
+
+log = logging.getLogger(__name__)
+
+GROUP = "weight_update_group"
+PAUSE_MODES = ("abort", "wait", "keep", "retract", "in_place")  # vLLM's three, then SGLang's own two
+# vLLM's executor sleeps these two (SLEEP_TAGS) and serves once both are awake. SGLang also releases its CUDA
+# graphs' memory, which vLLM does not name: it goes and comes back with kv_cache, so that weights alone can be
+# woken to receive an update while the trainer still holds the GPU (SkyRL's and slime's order), and kv_cache
+# then brings back everything needed to serve.
+SLEEP_TAGS = {"weights": ("weights",), "kv_cache": ("kv_cache", "cuda_graph")}  # vLLM's tag -> SGLang's
+WAKE_TAGS = (*SLEEP_TAGS, "scheduling")
+IDLE_POLL_S = 0.05
+SKYRL_RPC = ("skyrl_start_weight_update", "update_weights_nccl", "skyrl_finish_weight_update")
+
+
+class NotImplementedBySGLang(WorkerFailed):
+    """vLLM asked for something SGLang cannot do: 501 naming what is missing."""
+
+    type = "NotImplementedError"
+
+    def __init__(self, message: str):
+        super().__init__(501, message)
+
+
+@dataclass
+class VllmRlState:
+    released: set[str] = field(default_factory=set)  # vLLM's SLEEP_TAGS released on every worker
+    asleep: bool = False  # /sleep paused the fleet; /wake_up resumes it once everything is back
+    last_meta: dict | None = None  # the names / dtypes / shapes of the last update (vLLM reuses them)
+
+
+VLLM_RL: web.AppKey[VllmRlState] = web.AppKey("vllm_rl", VllmRlState)
+
+
+# --- dialects and the fail-fast rule --------------------------------------------------------------
+
+def is_vllm_pause(request: web.Request) -> bool:
+    return "mode" in request.query or "clear_cache" in request.query
+
+
+def is_vllm_update(body: dict) -> bool:
+    return "update_info" in body
+
+
+def require_group(plane: AdminPlane, action: str) -> None:
+    """An NCCL step needs a live weight-update group, or nothing can ever arrive: 409 at once."""
+    if not plane.live_groups:
+        raise fleet.Conflict(
+            f"{action}: no weight-update group is live, so no NCCL push can reach the workers. Join one first "
+            "(prime-rl: POST /init_broadcaster; vLLM: POST /init_weight_transfer_engine; SGLang: POST "
+            "/init_weights_update_group), or load a checkpoint from disk (prime-rl: POST /update_weights with "
+            "weight_dir)")
+
+
+def refuse_resume_while_asleep(app: web.Application) -> None:
+    if VLLM_RL in app and app[VLLM_RL].released:
+        raise fleet.Conflict(f"memory is released ({', '.join(sorted(app[VLLM_RL].released))}): POST /wake_up "
+                             "before /resume, or SGLang would run on memory it gave back")
+
+
+def note_awake(app: web.Application) -> None:
+    """A /resume after a level-0 sleep (nothing released) ends the sleep too."""
+    if VLLM_RL in app:
+        app[VLLM_RL].asleep = False
+
+
+# --- pause / resume ------------------------------------------------------------------------------
+
+async def pause(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    mode = _mode(request.query.get("mode", "abort"))
+    clear_cache = check.query_flag(request.query, "clear_cache", True)
+    urls = await plane.worker_urls()
+    await pause_fleet(plane, mode, urls)
+    if clear_cache and mode in ("abort", "wait"):  # vLLM ignores it with keep (and it is deprecated)
+        await flush_or_owe(plane, urls)
+    return json_response({"status": "paused"})
+
+
+async def pause_fleet(plane: AdminPlane, mode: str, urls: list[str]) -> None:
+    if mode == "wait":
+        await wait_idle(plane, urls, plane.settings.admin_timeout_s, "pause?mode=wait")
+    native = {"keep": plane.settings.pause_mode, "wait": "in_place"}.get(mode, mode)
+    await fleet.pause_workers(plane, native, urls)
+
+
+async def is_paused(request: web.Request) -> web.Response:
+    return json_response({"is_paused": request.app[ADMIN].paused})
+
+
+async def abort_requests(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    ids = body.get("request_ids")
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids)):
+        raise InvalidRequest("request_ids must be a list of request id strings", param="request_ids")
+    urls = await plane.worker_urls()
+    timeout_s = plane.settings.admin_timeout_s
+    if ids:  # a response id stands for its SGLang rids (n samples, several prompts: `<id>-<i>`)
+        in_flight = request.app[CONTEXT].in_flight
+        rids = [rid for request_id in ids for rid in in_flight.get(request_id, [request_id])]
+        count = sum(request_id in in_flight for request_id in ids)
+        sent = await asyncio.gather(*(plane.fan_out("POST", "/abort_request", {"rid": rid}, timeout_s, urls)
+                                      for rid in rids))
+        replies = [r for per_rid in sent for r in per_rid]
+    else:
+        count = sum(pending(r) or 0 for r in await read_pending(plane, urls, timeout_s))
+        replies = await plane.fan_out("POST", "/abort_request", {"abort_all": True}, timeout_s, urls)
+    raise_for_failures("abort_requests", replies)
+    return json_response({"status": "aborted", "aborted": count})
+
+
+# --- sleep mode ----------------------------------------------------------------------------------
+
+async def sleep(request: web.Request) -> web.Response:
+    """Level 0: pause scheduling only. Level 1: weights to CPU, KV cache dropped. Level 2: drop all."""
+    plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    level = _int_query(request, "level", 1, 0, 2)
+    mode = _mode(request.query.get("mode", "abort"))
+    urls = await plane.worker_urls()
+    if level >= 1:
+        await _check_can_release(plane, urls, mode, need_cpu_backup=level == 1)
+    async with plane.transaction():
+        await pause_fleet(plane, mode, urls)
+        state.asleep = True
+        if level >= 1:
+            await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
+            await _release(plane, state, urls, list(SLEEP_TAGS), "sleep")
+    return json_response({"status": "sleeping", "level": level})
+
+
+async def release_kv_cache_memory(request: web.Request) -> web.Response:
+    """vLLM: needs a completed pause with no request held, and all memory resident."""
+    plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    urls = await plane.worker_urls()
+    if not plane.paused:
+        raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first")
+    if state.released:
+        raise fleet.Conflict("release_kv_cache_memory() requires all executor memory to be resident")
+    await _check_can_release(plane, urls, "abort", need_cpu_backup=False)
+    loads = await read_pending(plane, urls, fleet.READ_TIMEOUT_S)
+    busy = [r.url for r in loads if pending(r) != 0]
+    if busy:
+        raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first: requests are still "
+                             f"held on {', '.join(busy)} (SGLang releases memory only when idle)")
+    await _release(plane, state, urls, ["kv_cache"], "release_kv_cache_memory")
+    return json_response({"status": "kv_cache_released"})
+
+
+async def wake_up(request: web.Request) -> web.Response:
+    """vLLM reads `tags` as a repeated query parameter (?tags=weights&tags=kv_cache); none wakes everything.
+    The named tags still asleep wake; one already awake is skipped (vLLM would skip the whole call). A tag vLLM
+    does not know is a 400 here, where vLLM logs a warning and wakes nothing: asleep, every later request
+    waiting."""
+    plane = request.app[ADMIN]
+    tags = request.query.getall("tags", []) or None
+    for tag in tags or ():
+        if tag not in WAKE_TAGS:
+            raise InvalidRequest(f"tags must be among {', '.join(WAKE_TAGS)}, got {tag!r} (SGLang's cuda_graph "
+                                 "memory comes back with kv_cache)", param="tags")
+    async with plane.transaction():
+        return await _wake_up(plane, request.app[VLLM_RL], tags)
+
+
+async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None) -> web.Response:
+    back = [tag for tag in SLEEP_TAGS if tag in state.released and (tags is None or tag in tags)]
+    urls = await plane.worker_urls()
+    if back:
+        # SGLang's resume raises (KeyError, and its scheduler dies) for a tag it has not released: only these.
+        replies = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": _sglang_tags(back)},
+                                      plane.settings.weight_update_timeout_s, urls)
+        raise_for_failures("wake_up", replies)
+        state.released -= set(back)
+    fully_awake = not state.released
+    if fully_awake and state.asleep:  # a /sleep paused it: resumed once all memory is resident (not a /pause)
+        fleet.refuse_resume_while_held(plane, False)
+        await fleet.resume_all(plane, urls, "wake_up: resume")
+        state.asleep = False
+    return json_response({"status": "awake" if fully_awake else "sleeping", "tags": tags})
+
+
+async def is_sleeping(request: web.Request) -> web.Response:
+    state = request.app[VLLM_RL]
+    return json_response({"is_sleeping": state.asleep or bool(state.released)})
+
+
+async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need_cpu_backup: bool) -> None:
+    if mode not in ("abort", "wait"):
+        raise NotImplementedBySGLang(
+            f"sleep with mode={mode}: SGLang's release_memory_occupation needs an idle scheduler (it asserts), so "
+            "it cannot keep requests across a sleep; use mode=abort or mode=wait")
+    for url, info in zip(urls, await server_infos(plane, urls)):
+        if not info.get("enable_memory_saver"):
+            raise NotImplementedBySGLang(
+                f"{url} runs without --enable-memory-saver: SGLang's release_memory_occupation would free nothing")
+        if need_cpu_backup and not info.get("enable_weights_cpu_backup"):
+            raise NotImplementedBySGLang(
+                f"sleep level 1 keeps the weights in CPU memory, but {url} runs without "
+                "--enable-weights-cpu-backup (SGLang would discard them, which is level 2)")
+
+
+async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags: list[str], action: str) -> None:
+    """Only what is still resident: SGLang would pause a released region again (and stash freed weights), where
+    vLLM's executor makes a second sleep a no-op."""
+    tags = [tag for tag in tags if tag not in state.released]
+    if not tags:
+        return
+    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": _sglang_tags(tags)},
+                                  plane.settings.weight_update_timeout_s, urls)
+    raise_for_failures(action, replies)
+    state.released |= set(tags)
+
+
+def _sglang_tags(tags: list[str]) -> list[str]:
+    return [native for tag in tags for native in SLEEP_TAGS[tag]]
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM reads its two flags from the query (a JSON body, as SkyRL sends, is ignored, as in vLLM)."""
+    plane = request.app[ADMIN]
+    if check.query_flag(request.query, "reset_running_requests", False):
+        raise NotImplementedBySGLang("reset_running_requests: SGLang's flush_cache refuses while requests run "
+                                     "and cannot reset a running request's cache")
+    if check.query_flag(request.query, "reset_external", False):
+        raise NotImplementedBySGLang("reset_external: SGLang's flush_cache has no connector-managed cache to reset")
+    replies = await flush_or_owe(plane, await plane.worker_urls())
+    down = [r for r in replies if r.error is not None]
+    if down:
+        raise WorkerFailed(failure_status(down), f"reset_prefix_cache failed on {len(down)} of {len(replies)} "
+                           "worker(s): " + "; ".join(f"{r.url}: {r.message}" for r in down))
+    return json_response({"success": all(r.status == 200 for r in replies)})  # false: owed, flushed once idle
+
+
+# --- weight transfer -----------------------------------------------------------------------------
+
+async def init_weight_transfer_engine(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    info = _object((await read_json(request)).get("init_info"), "init_info")
+    if info.get("nccl_unique_id_b64"):
+        raise NotImplementedBySGLang("init_info.nccl_unique_id_b64: SGLang's init_weights_update_group joins "
+                                     "through a torch.distributed TCP rendezvous (master_address, master_port), not "
+                                     "a pre-minted ncclUniqueId")
+    _refuse_packed(info, "init_info")
+    native = {"master_address": info.get("master_address"), "master_port": info.get("master_port"),
+              "rank_offset": info.get("rank_offset", 1), "world_size": info.get("world_size"),
+              "group_name": GROUP, "backend": info.get("backend", "nccl")}
+    urls = await plane.worker_urls()
+    bodies = await group_bodies(plane, native, urls)
+    async with plane.transaction():
+        replies = await plane.fan_out("POST", "/init_weights_update_group", bodies,
+                                      plane.settings.init_group_timeout_s, urls)
+    raise_for_failures("init_weight_transfer_engine", replies)
+    note_group(plane, native, replies)
+    return json_response({"message": "Weight transfer initialized"})
+
+
+async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    replies = await plane.fan_out("POST", "/destroy_weights_update_group", {"group_name": GROUP},
+                                  plane.settings.admin_timeout_s)
+    note_group_gone(plane, {"group_name": GROUP}, replies)
+    raise_for_failures("shutdown_weight_transfer_engine", replies)
+    return json_response({"message": "Weight transfer shut down"})
+
+
+async def start_weight_update(request: web.Request) -> web.Response:
+    require_group(request.app[ADMIN], "start_weight_update")
+    return json_response({"message": "Weight update started"})
+
+
+async def start_draft_weight_update(request: web.Request) -> web.Response:
+    raise NotImplementedBySGLang("start_draft_weight_update: SGLang's update_weights_from_distributed has no "
+                                 "draft-model target")
+
+
+async def update_weights(request: web.Request, body: dict) -> web.Response:
+    """vLLM's /update_weights (routes.py hands it over): each update_info is one broadcast from rank 0,
+    received by every worker through /update_weights_from_distributed while this call is open."""
+    plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    infos = body["update_info"] if isinstance(body["update_info"], list) else [body["update_info"]]
+    metas = [_meta(state, _object(info, "update_info")) for info in infos]
+    require_group(plane, "update_weights")
+    async with plane.transaction():
+        for meta in metas:
+            await receive(plane, meta, "update_weights")
+    return json_response({"message": "Weights updated"})
+
+
+async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
+    urls = await plane.worker_urls()
+    body = {**meta, "group_name": GROUP, "flush_cache": False}  # the flush comes once, at finish
+
+    def push():
+        return plane.fan_out("POST", "/update_weights_from_distributed", body,
+                             plane.settings.weight_update_timeout_s, urls)
+
+    # SGLang 0.5.21+ takes the push only inside a weight-update session, closed before any rollback.
+    replies = await weight_session.bracketed(plane, urls, push, action)
+    if not all(r.ok for r in replies):
+        # The workers that failed hold partly updated weights (SGLang: "discard the whole weights").
+        await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
+    plane.loaded_path = None  # the weights now came over NCCL: no checkpoint on disk holds them
+    if plane.hold is not None:
+        plane.hold["received"] = True  # every worker took this push: a finish may now end the hold
+
+
+def _meta(state: VllmRlState, info: dict) -> dict:
+    if info.get("ipc_handles") is not None or info.get("ipc_handles_pickled") is not None:
+        raise NotImplementedBySGLang("update_info.ipc_handles: SGLang's update_weights_from_ipc does not take "
+                                     "vLLM's CUDA IPC handles")
+    _refuse_packed(info, "update_info")
+    names, dtypes, shapes = info.get("names") or [], info.get("dtype_names") or [], info.get("shapes") or []
+    if not (names or dtypes or shapes):
+        if state.last_meta is None:
+            raise InvalidRequest("update_info.names is empty and no earlier update's metadata can be reused",
+                                 param="update_info.names")
+        return state.last_meta
+    meta = {"names": names, "dtypes": dtypes, "shapes": shapes}
+    check.tensor_specs(meta)
+    state.last_meta = meta
+    return meta
+
+
+def _refuse_packed(info: dict, param: str) -> None:
+    if info.get("packed"):
+        raise NotImplementedBySGLang(
+            f"{param}.packed: SGLang's update_weights_from_distributed receives one broadcast per tensor, not vLLM's "
+            "packed buffers; send with packed=false (token_proxy.broadcast.SGLangBroadcaster does)")
+
+
+async def finish_weight_update(request: web.Request) -> web.Response:
+    """Set the version everywhere, check every worker reports it, then flush (or owe the flush)."""
+    plane = request.app[ADMIN]
+    raw = await request.read()
+    body = await read_json(request) if raw.strip() and raw.strip() != b"null" else {}
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str):
+        raise InvalidRequest(f"weight_version must be a string, got {version!r}", param="weight_version")
+    async with plane.transaction():
+        await finish(plane, version, "finish_weight_update")
+    return json_response({"message": "Weight update finished"})
+
+
+async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
+    """Refused (409) while a failed receive holds the fleet: setting one version string on workers holding
+    different weights would end the hold on a lie. A successful receive since then lifts that."""
+    if plane.hold is not None and not plane.hold.get("received"):
+        raise fleet.Conflict(f"{action}: the workers are held paused after a failed weight update "
+                             f"({plane.hold['message']}); send the weights again (every worker must receive "
+                             "them) before finishing, or POST /resume?force=true to serve anyway")
+    urls = await plane.worker_urls()
+    if version is not None:
+        replies = await plane.fan_out("POST", "/update_weight_version", {"new_version": version},
+                                      plane.settings.admin_timeout_s, urls)
+        if not all(r.ok for r in replies):
+            await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
+    versions = await fleet.read_versions(plane, urls)
+    if len(set(versions.values())) != 1 or (version is not None and versions[urls[0]] != version):
+        stand_ins = [fleet.stand_in(url) for url in urls]
+        await fleet.recover(plane, urls, stand_ins, action, every_worker_changed=True, expected=version)
+    plane.record_version(version or versions[urls[0]])
+    plane.hold = None
+    await flush_or_owe(plane, urls)
+
+
+async def weight_info(request: web.Request) -> web.Response:
+    """vLLM's {"weight_version"}; with several workers also each one's, and whether they agree."""
+    workers = await fleet.gather_versions(request.app[ADMIN])
+    versions = {w["weight_version"] for w in workers}
+    consistent = len(versions) == 1
+    return json_response({"weight_version": next(iter(versions)) if consistent else None,
+                          "consistent": consistent, "workers": workers})
+
+
+async def weight_checker(request: web.Request) -> web.Response:
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    action, baseline = body.get("action"), body.get("baseline")
+    if action not in ("checksum", "reset", "compare"):
+        raise InvalidRequest(f"action must be checksum, reset or compare, got {action!r}", param="action")
+    if action == "compare" and not isinstance(baseline, dict):
+        raise InvalidRequest("action='compare' requires a 'baseline' object", param="baseline")
+    native = "reset_tensors" if action == "reset" else "checksum"
+    replies = await plane.fan_out("POST", "/weights_checker", {"action": native}, plane.settings.admin_timeout_s)
+    if any(r.status == 404 for r in replies):
+        raise NotImplementedBySGLang("weight_checker: the workers have no /weights_checker (SGLang < 0.5.17)")
+    raise_for_failures("weight_checker", replies)
+    if action == "reset":
+        return json_response({"status": "reset"})
+    per_worker = [_checksums(r.body) for r in replies]
+    if action == "checksum":
+        engines = [r.body.get("per_engine_checksum") for r in replies]
+        return json_response({"checksums": per_worker[0], "consistent": len(set(engines)) == 1,
+                              "workers": [{"url": r.url, "per_engine_checksum": e} for r, e in zip(replies, engines)]})
+    mismatches = sorted({key for sums in per_worker for key in sums.keys() | baseline.keys()
+                         if sums.get(key) != baseline.get(key)})
+    return json_response({"match": not mismatches, "mismatches": mismatches})
+
+
+def _checksums(body: dict) -> dict[str, str]:
+    """One worker's ranks merged as vLLM does; with several TP ranks each name is prefixed by its rank."""
+    ranks = body.get("ranks") or []
+    if len(ranks) == 1:
+        return dict(ranks[0].get("checksums") or {})
+    return {f"tp{rank.get('parallelism_info', {}).get('tp_rank', i)}.{name}": value
+            for i, rank in enumerate(ranks) for name, value in (rank.get("checksums") or {}).items()}
+
+
+async def get_world_size(request: web.Request) -> web.Response:
+    """The ranks of every worker behind the proxy: one URL stands for the whole fleet."""
+    plane = request.app[ADMIN]
+    include_dp = check.query_flag(request.query, "include_dp", True)
+    urls = await plane.worker_urls()
+    size = 0
+    for info in await server_infos(plane, urls):
+        size += (info.get("tp_size") or 1) * (info.get("pp_size") or 1) * (
+            (info.get("dp_size") or 1) if include_dp else 1)
+    return json_response({"world_size": size})
+
+
+async def collective_rpc(request: web.Request) -> web.Response:
+    """SGLang runs no vLLM worker code; SkyRL's three weight-sync methods map onto the routes above."""
+    plane = request.app[ADMIN]
+    body = await read_json(request)
+    method, kwargs = body.get("method"), body.get("kwargs") or {}
+    if not isinstance(method, str) or not method:
+        raise InvalidRequest("Missing 'method' in request body", param="method")
+    if method not in SKYRL_RPC:
+        raise NotImplementedBySGLang(f"collective_rpc {method!r}: SGLang has no collective_rpc (it runs no vLLM "
+                                     f"worker extension); only {', '.join(SKYRL_RPC)} are mapped")
+    if method == "skyrl_start_weight_update":
+        require_group(plane, method)
+    elif method == "update_weights_nccl":
+        meta = _meta(request.app[VLLM_RL], _object(kwargs.get("update_info"), "kwargs.update_info"))
+        require_group(plane, method)
+        async with plane.transaction():
+            await receive(plane, meta, method)
+    else:
+        async with plane.transaction():
+            await finish(plane, None, method)
+    return json_response({"results": [None] * len(await plane.worker_urls())})
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str) -> None:
+    """Until no worker runs or queues a request (/v1/loads), or 504."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        loads = await read_pending(plane, urls, fleet.READ_TIMEOUT_S)
+        busy = [r.url for r in loads if pending(r) != 0]
+        if not busy:
+            return
+        if time.monotonic() >= deadline:
+            raise BackendTimeout(f"{action}: requests still running on {', '.join(busy)} after {timeout_s:g} s")
+        await asyncio.sleep(IDLE_POLL_S)
+
+
+def _mode(value: str) -> str:
+    if value not in PAUSE_MODES:
+        raise InvalidRequest(f"mode must be abort, wait or keep (or SGLang's retract, in_place), got {value!r}",
+                             param="mode")
+    return value
+
+
+def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    value = request.query.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise InvalidRequest(f"{name} must be an integer in {low}..{high}, got {value!r}", param=name)
+    return number
+
+
+def _object(value, param: str) -> dict:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{param} must be a JSON object", param=param)
+    return value
+
+
+VLLM_RL_ROUTES = (
+    ("GET", "/is_paused", is_paused),
+    ("POST", "/abort_requests", abort_requests),
+    ("POST", "/sleep", sleep),
+    ("POST", "/wake_up", wake_up),
+    ("GET", "/is_sleeping", is_sleeping),
+    ("POST", "/release_kv_cache_memory", release_kv_cache_memory),
+    ("POST", "/reset_prefix_cache", reset_prefix_cache),
+    ("POST", "/init_weight_transfer_engine", init_weight_transfer_engine),
+    ("POST", "/shutdown_weight_transfer_engine", shutdown_weight_transfer_engine),
+    ("POST", "/start_weight_update", start_weight_update),
+    ("POST", "/start_draft_weight_update", start_draft_weight_update),
+    ("POST", "/finish_weight_update", finish_weight_update),
+    ("GET", "/weight_info", weight_info),
+    ("POST", "/weight_checker", weight_checker),
+    ("GET", "/get_world_size", get_world_size),
+    ("POST", "/collective_rpc", collective_rpc),
+)
+
+
+def add_vllm_rl_routes(app: web.Application) -> None:
+    """vLLM's routes; /pause, /resume and /update_weights are routes.py's (both dialects)."""
+    app[VLLM_RL] = VllmRlState()
+    for method, path, handler in VLLM_RL_ROUTES:
+        app.router.add_route(method, path, handler)
+

@@ -1,0 +1,125 @@
+"""POST /v1/chat/completions, /v1/chat/completions/tokens and /v1/chat/completions/render: the chat
+adapter of the pipeline (render runs its parse and prompt-ids steps and stops before SGLang)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from token_proxy.api.chat.format import PLAIN_TEXT, ChatFormatter, ChatOutputParser, ToolsAndReasoning
+from token_proxy.api.chat.render import render_response
+from token_proxy.api.chat.request import ChatRequest, ToolFlags, parse_chat_request
+from token_proxy.api.chat.sessions import ChatSession
+from token_proxy.api.fields import token_id_list
+from token_proxy.api.logprobs import TokenNamer
+from token_proxy.errors import InvalidRequest
+from token_proxy.http_io import json_response, read_json
+from token_proxy.pipeline.output_rules import ResponseMeta
+from token_proxy.pipeline.request_ids import header_request_id, new_request_id
+from token_proxy.pipeline.request_stats import RequestStats, stats_of
+from token_proxy.pipeline.run import Job, run_pipeline
+from token_proxy.pipeline.target import resolve_target
+from token_proxy.sglang.discovery import CONTEXT, ProxyContext
+from token_proxy.sglang.payload import resolve_max_tokens, with_sampling_overrides
+from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sampling_overrides
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    body = await read_json(request)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req), ChatSession.of(request, body))
+    return await run_pipeline(request, endpoint)
+
+
+async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
+    """Older prime-rl/verifiers: a chat request whose prompt is `tokens`, not the rendered messages
+    (the messages only give context, such as tools)."""
+    ctx = request.app[CONTEXT]
+    body = await read_json(request)
+    tokens = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    req = dataclasses.replace(req, prompt_ids=tuple(tokens))
+    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
+
+
+async def chat_completions_render(request: web.Request) -> web.Response:
+    """vLLM's render: the chat request parsed, its model checked and its prompt rendered exactly as
+    /v1/chat/completions would (the same ChatEndpoint steps), answered as vLLM's GenerateRequest
+    (token_ids, sampling_params, ...) without calling SGLang. SkyRL reads `token_ids` and `features`."""
+    ctx = request.app[CONTEXT]
+    body = await read_json(request)
+    if isinstance(body, dict) and body.get("use_beam_search"):
+        raise InvalidRequest("Beam search is not supported by the render endpoint")  # vLLM's words
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    (await resolve_target(request.app, ctx, req.model)).release()  # a known model or adapter (vLLM's 404)
+    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req))
+    (ids,) = await endpoint.prompt_ids(ctx, stats_of(request))
+    sampling = endpoint.job.sampling
+    max_tokens = resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
+    request_id = new_request_id("chatcmpl", req.request_id or header_request_id(request))
+    reasoning_kwargs = dict(req.prompt.chat_template_kwargs or {}) if ctx.settings.reasoning_parser else None
+    return json_response(render_response(req, sampling, ids, max_tokens, request_id, body, reasoning_kwargs))
+
+
+def tool_flags(ctx: ProxyContext) -> ToolFlags:
+    settings = ctx.settings
+    return ToolFlags(ctx.tool_parser, settings.enable_auto_tool_choice, settings.exclude_tools_when_tool_choice_none)
+
+
+def output_parsing_of(ctx: ProxyContext, req: ChatRequest) -> OutputParsing:
+    """How this request's completions are split into content, reasoning and tool calls (vLLM 0.33's rules)."""
+    return output_parsing(req.tools, req.tool_choice, tool_parser=ctx.tool_parser,
+                          auto_tool_choice=ctx.settings.enable_auto_tool_choice,
+                          reasoning_parser=ctx.settings.reasoning_parser,
+                          chat_template_kwargs=req.prompt.chat_template_kwargs,
+                          parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning,
+                          tool_call_streaming=ctx.settings.tool_call_streaming)
+
+
+def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:
+    """The output-parser hook: plain text (no work per chunk) unless tools or reasoning are parsed."""
+    if parsing.tool_format is None and parsing.reasoning is None and not parsing.hides_token_metadata:
+        return PLAIN_TEXT
+    return ToolsAndReasoning(parsing, req.tool_choice)
+
+
+@dataclass(slots=True)
+class ChatEndpoint:
+    req: ChatRequest
+    parsing: OutputParsing = dataclasses.field(default_factory=OutputParsing)
+    session: ChatSession | None = None  # a session request (X-Session-ID / session_id, sessions on)
+    job: Job = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        req = self.req
+        # A forced call ("required", a named function) is a json_schema constraint; tool markers that
+        # are special tokens must stay in the text (skip_special_tokens false), as vLLM's parsers ask.
+        overrides = {**(constraint_for(req.tools, req.tool_choice, req.parallel_tool_calls) or {}),
+                     **sampling_overrides(self.parsing)}
+        sampling = with_sampling_overrides(req.sampling, overrides)
+        self.job = Job("chatcmpl", req.model, sampling, req.output.stream, req.request_id, req.cache_salt,
+                       req.priority)
+
+    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
+        req = self.req
+        if self.session is not None and req.prompt_ids is None and req.truncate_prompt_tokens is None:
+            return [await self.session.prompt_ids(ctx, req.prompt, stats)]
+        if req.prompt_ids is not None:
+            ids = list(req.prompt_ids)
+        else:
+            ids, stats.prompt_cache_hit, stats.render_s = await ctx.renderer.render_chat(req.prompt)
+        if req.truncate_prompt_tokens is not None and len(ids) > req.truncate_prompt_tokens:
+            ids = ids[-req.truncate_prompt_tokens:]
+        if self.session is not None:
+            self.session.unsupported(len(ids))
+        return [ids]
+
+    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
+        namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
+        session = self.session
+        formatter = ChatFormatter(self.req, meta, namer, output_parser(self.req, self.parsing),
+                                  session.field() if session is not None else None)
+        return session.recorder(formatter, self.req.sampling.n) if session is not None else formatter

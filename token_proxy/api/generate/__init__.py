@@ -1,0 +1,1 @@
+"""POST /inference/v1/generate (token in, token out): request, endpoint, format."""

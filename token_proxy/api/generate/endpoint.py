@@ -1,0 +1,40 @@
+"""POST /inference/v1/generate: token ids in, token ids out (what prime-rl's renderers client calls)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from token_proxy.api.generate.format import GenerateFormatter
+from token_proxy.api.generate.request import GenerateTokensRequest, parse_generate_tokens
+from token_proxy.api.logprobs import TokenNamer
+from token_proxy.http_io import read_json
+from token_proxy.pipeline.output_rules import ResponseMeta
+from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.run import Job, run_pipeline
+from token_proxy.sglang.discovery import CONTEXT, ProxyContext
+
+
+async def generate_tokens(request: web.Request) -> web.StreamResponse:
+    ctx = request.app[CONTEXT]
+    req = parse_generate_tokens(await read_json(request), ctx.tokenizer_info.vocab_size)
+    return await run_pipeline(request, GenerateEndpoint(req))
+
+
+@dataclass(slots=True)
+class GenerateEndpoint:
+    req: GenerateTokensRequest
+    job: Job = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        req = self.req
+        self.job = Job("generate-tokens", req.model, req.sampling, req.stream, req.request_id, req.cache_salt,
+                       req.priority)
+
+    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
+        return [self.req.token_ids]
+
+    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> GenerateFormatter:
+        return GenerateFormatter(self.req, meta, TokenNamer(ctx.token_texts, as_ids=True))

@@ -1,0 +1,227 @@
+"""vLLM/OpenAI sampling fields: validated into one dataclass, shared by every endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from token_proxy.api.fields import (
+    bad,
+    opt_bool,
+    opt_dict,
+    opt_float,
+    opt_int,
+    token_id_list,
+)
+from token_proxy.errors import InvalidRequest
+
+MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
+MAX_STOP_STRINGS = 32  # SGLang's limit
+MAX_N = 1024  # samples per request (the native pass-through keeps to it too: admin/native_checks.py)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingRequest:
+    n: int = 1
+    max_tokens: int | None = None  # None: the rest of the context, as in vLLM
+    max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
+    min_tokens: int = 0
+    temperature: float | None = None  # None: leave SGLang's (model) default
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    seed: int | None = None
+    logit_bias: dict | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # SGLang's constraint key (json_schema / regex / ebnf / structural_tag) and its value.
+    constraint: tuple[str, str] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    # vLLM's per-request "tokens to batch into each streamed chunk"; SGLang 0.5.17 honours the same
+    # sampling_params.stream_interval (first token at once, then every N, and the last).
+    stream_interval: int | None = None
+
+    @property
+    def proxy_stop_ids(self) -> frozenset[int]:
+        """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
+        vLLM's does not."""
+        return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
+
+
+def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False) -> SamplingRequest:
+    """Read the sampling fields of a chat/completions/generate body; refuse what SGLang cannot honour.
+
+    Chat has `logprobs: bool` + `top_logprobs: int`; completions and vLLM's SamplingParams
+    have `logprobs: int` (the number of top alternatives), which `logprobs_count` selects.
+    """
+    _refuse_unsupported(body)
+    logprobs, top_logprobs = _parse_logprob_count(body) if logprobs_count else _parse_chat_logprobs(body)
+    max_tokens = opt_int(body, _max_tokens_key(body), lo=1)
+    return SamplingRequest(
+        n=opt_int(body, "n", 1, lo=1, hi=MAX_N),
+        max_tokens=max_tokens,
+        max_tokens_param=_max_tokens_key(body),
+        min_tokens=opt_int(body, "min_tokens", 0, lo=0, hi=max_tokens),
+        temperature=opt_float(body, "temperature", lo=0.0, hi=2.0),
+        top_p=_parse_top_p(body),
+        top_k=_parse_top_k(body),
+        min_p=opt_float(body, "min_p", lo=0.0, hi=1.0),
+        frequency_penalty=opt_float(body, "frequency_penalty", lo=-2.0, hi=2.0),
+        presence_penalty=opt_float(body, "presence_penalty", lo=-2.0, hi=2.0),
+        repetition_penalty=_parse_repetition_penalty(body),
+        stop=_parse_stop(body),
+        stop_token_ids=tuple(token_id_list(body.get("stop_token_ids") or [], "stop_token_ids", vocab_size,
+                                           allow_empty=True)),
+        include_stop_str_in_output=opt_bool(body, "include_stop_str_in_output", False),
+        ignore_eos=opt_bool(body, "ignore_eos", False),
+        seed=opt_int(body, "seed", lo=-(2**63), hi=2**64 - 1),
+        logit_bias=_parse_logit_bias(body, vocab_size),
+        skip_special_tokens=opt_bool(body, "skip_special_tokens", True),
+        spaces_between_special_tokens=opt_bool(body, "spaces_between_special_tokens", True),
+        constraint=_parse_constraint(body),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        prompt_logprobs=opt_int(body, "prompt_logprobs", lo=0, hi=MAX_TOP_LOGPROBS),
+        stream_interval=opt_int(body, "stream_interval", lo=1),
+    )
+
+
+def _refuse_unsupported(body: dict) -> None:
+    if body.get("use_beam_search"):
+        raise bad("use_beam_search", "beam search is not supported by the SGLang backend")
+    if opt_int(body, "best_of", 1, lo=1) != 1:
+        raise bad("best_of", "best_of > 1 is not supported (use n)")
+    for key in ("bad_words", "allowed_token_ids", "logits_processors"):
+        if body.get(key):
+            raise bad(key, "is not supported by the SGLang backend")
+
+
+def _max_tokens_key(body: dict) -> str:
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+
+def _parse_top_p(body: dict) -> float | None:
+    top_p = opt_float(body, "top_p", hi=1.0)
+    if top_p is not None and top_p <= 0.0:
+        raise bad("top_p", f"must be in (0, 1], got {top_p}")
+    return top_p
+
+
+def _parse_top_k(body: dict) -> int | None:
+    top_k = opt_int(body, "top_k", lo=-1)
+    return -1 if top_k == 0 else top_k  # vLLM: 0 and -1 both mean "off"; SGLang only knows -1
+
+
+def _parse_repetition_penalty(body: dict) -> float | None:
+    penalty = opt_float(body, "repetition_penalty", hi=2.0)
+    if penalty is not None and penalty <= 0.0:
+        raise bad("repetition_penalty", f"must be > 0, got {penalty}")
+    return penalty
+
+
+def _parse_stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("stop", "must be a string or an array of strings")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad("stop", f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stop)}")
+    if any(s == "" for s in stop):
+        raise bad("stop", "stop strings must not be empty")
+    return tuple(stop)
+
+
+def _parse_logit_bias(body: dict, vocab_size: int) -> dict | None:
+    bias = opt_dict(body, "logit_bias")
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise bad("logit_bias", f"key {key!r} is not a token id") from None
+        if not 0 <= token < vocab_size:
+            raise bad("logit_bias", f"token id {token} is out of range [0, {vocab_size})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("logit_bias", f"bias for token {token} must be a number")
+        out[str(token)] = max(-100.0, min(100.0, float(value)))  # OpenAI's range, clamped as vLLM does
+    return out
+
+
+def _parse_chat_logprobs(body: dict) -> tuple[bool, int]:
+    logprobs = opt_bool(body, "logprobs", False)
+    top = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    if top is not None and top > 0 and not logprobs:
+        raise bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true")
+    return logprobs, top or 0
+
+
+def _parse_logprob_count(body: dict) -> tuple[bool, int]:
+    count = opt_int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    return count is not None, count or 0
+
+
+def _parse_constraint(body: dict) -> tuple[str, str] | None:
+    fmt = opt_dict(body, "response_format")
+    from_format = None if fmt is None else _constraint_from_response_format(fmt)
+    from_structured = _constraint_from_structured(opt_dict(body, "structured_outputs") or {})
+    if from_format and from_structured:
+        raise bad("structured_outputs", "give response_format or structured_outputs, not both")
+    return from_format or from_structured
+
+
+def _constraint_from_structured(structured: dict) -> tuple[str, str] | None:
+    given = [k for k in ("json", "regex", "grammar", "choice") if structured.get(k) not in (None, [])]
+    if len(given) > 1:  # as vLLM: a second constraint would be silently ignored
+        raise bad("structured_outputs", f"only one kind of constraint may be given, got {', '.join(given)}")
+    for src, dst in (("json", "json_schema"), ("regex", "regex"), ("grammar", "ebnf")):
+        value = structured.get(src)
+        if value is not None and src != "json" and not isinstance(value, str):
+            raise bad("structured_outputs", f"structured_outputs.{src} must be a string")
+        if value is not None:
+            return dst, value if isinstance(value, str) else orjson.dumps(value).decode()
+    choice = structured.get("choice")
+    if choice is not None and not isinstance(choice, list):
+        raise bad("structured_outputs", "structured_outputs.choice must be a list of strings")
+    if choice:
+        return "regex", "(" + "|".join(_regex_escape(c) for c in choice) + ")"
+    return None
+
+
+def _constraint_from_response_format(fmt: dict) -> tuple[str, str] | None:
+    kind = fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return "json_schema", '{"type": "object"}'
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise bad("response_format", "json_schema.schema must be an object")
+        return "json_schema", orjson.dumps(spec.get("schema", {})).decode()
+    if kind == "structural_tag":
+        return "structural_tag", orjson.dumps({k: v for k, v in fmt.items() if k != "type"}).decode()
+    raise bad("response_format", f"unsupported type {kind!r}")
+
+
+def _regex_escape(choice) -> str:
+    import re
+
+    if not isinstance(choice, str):
+        raise InvalidRequest("structured_outputs.choice must be a list of strings", param="structured_outputs")
+    return re.escape(choice)
+

@@ -1,0 +1,75 @@
+"""create_app(settings): the aiohttp application and the lifetimes of what it holds."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from aiohttp import web
+
+from token_proxy.api.chat.sessions import add_sessions
+from token_proxy.http_io import send_response_headers
+from token_proxy.ops.admission import ADMISSION, Admission, admission_control
+from token_proxy.ops.auth import ACCESS, AccessPolicy, access_control
+from token_proxy.ops.metrics import METRICS, add_observability, observe_requests
+from token_proxy.ops.middleware import openai_errors
+from token_proxy.routes import add_routes
+from token_proxy.serving.role import OWNER, ROLE, WORKER, Role
+from token_proxy.settings import Settings
+from token_proxy.sglang.client import SGLangClient, sglang_sessions
+from token_proxy.sglang.discovery import CONTEXT, SETTINGS, ProxyContext, keep_connected
+
+
+def create_app(settings: Settings, role: Role | None = None) -> web.Application:
+    """One process's app. `role` (token_proxy/serving/): None or single, everything here; a worker
+    (--workers N > 1), the data plane with admin routes forwarded to the owner; the owner, the whole
+    app behind a Unix socket that only workers reach (they checked the keys)."""
+    if not settings.backend_url:
+        raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
+    role = role or Role()
+    # observe_requests first: it sees every final status, refusals by the others included.
+    app = web.Application(middlewares=[observe_requests, openai_errors, access_control, admission_control],
+                          client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[ROLE] = role
+    if role.kind != OWNER:  # the owner's callers are the workers, which applied keys and limits
+        app[ACCESS] = AccessPolicy(settings.api_key, settings.admin_key, settings.admin_open)
+        app[ADMISSION] = Admission(settings.max_concurrent_requests, settings.max_queued_requests,
+                                   settings.queue_timeout_s)
+    app.cleanup_ctx.append(_proxy_context)
+    add_observability(app)  # after _proxy_context: the backend scrape uses its client
+    add_sessions(app)  # after add_observability: its metrics go on that registry
+    app.on_response_prepare.append(send_response_headers)
+    if role.kind == WORKER:
+        from token_proxy.serving.worker_app import add_worker_plane
+
+        add_routes(app, add_admin=add_worker_plane)
+    elif role.kind == OWNER:
+        from token_proxy.serving.control import add_control_routes, add_control_state
+
+        add_control_routes(app)  # before the admin plane's catch-all pass-through
+        add_routes(app)
+        add_control_state(app)
+    else:
+        add_routes(app)
+    return app
+
+
+async def _proxy_context(app: web.Application):
+    settings = app[SETTINGS]
+    executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
+    # Every SGLang call (data, admin, fan-out, router) goes through this pool (upstream/client.py).
+    async with sglang_sessions(settings.backend_keepalive_s) as (pooled, fresh):
+        client = SGLangClient(settings.backend_url, pooled, settings.request_timeout_s,
+                              settings.connect_timeout_s, settings.first_token_timeout_s,
+                              settings.stream_idle_timeout_s, fresh=fresh,
+                              on_retry=app[METRICS].upstream_retry)
+        app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
+        # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
+        connecting = asyncio.get_running_loop().create_task(keep_connected(app))
+        yield
+        connecting.cancel()
+        pending = list(app[CONTEXT].background)
+        if pending:
+            await asyncio.wait(pending, timeout=5.0)
+    executor.shutdown(wait=False, cancel_futures=True)

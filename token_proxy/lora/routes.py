@@ -1,0 +1,117 @@
+"""LoRA routes in both dialects, one registry behind them.
+
+vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (plain-text success, vLLM's errors), and
+/load_lora_adapter + /unload_lora_adapter, which prime-rl (its wrapper forces load_inplace) and SGLang
+clients call: replies carry prime-rl's {"status": "ok"} and SGLang's success / loaded_adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from aiohttp import web
+
+from token_proxy.admin.workers import ADMIN
+from token_proxy.errors import InvalidRequest
+from token_proxy.http_io import json_response, read_json
+from token_proxy.lora.metrics import AdapterCollector
+from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
+from token_proxy.lora.workers import LORA, LoraAdmin
+from token_proxy.ops.metrics import METRICS
+from token_proxy.sglang.discovery import CONTEXT
+
+
+async def _load_request(request: web.Request) -> tuple[str, str, dict]:
+    body = await read_json(request)
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not name or not path:
+        raise InvalidRequest("Both 'lora_name' and 'lora_path' must be provided.",
+                             param="lora_path" if name else "lora_name")
+    return name, path, body
+
+
+async def load_v1(request: web.Request) -> web.Response:
+    name, path, body = await _load_request(request)
+    inplace = body.get("load_inplace", False)
+    if not isinstance(inplace, bool):
+        raise InvalidRequest(f"load_inplace must be a boolean, got {inplace!r}", param="load_inplace")
+    await request.app[LORA].load(name, path, inplace)
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def load_in_place(request: web.Request) -> web.Response:
+    """prime-rl reloads one name with a new step's weights every step (its server forces load_inplace)."""
+    name, path, _ = await _load_request(request)
+    await request.app[LORA].load(name, path, inplace=True)
+    return json_response({"status": "ok", "success": True, "error_message": None,
+                          "loaded_adapters": loaded(request.app[ADAPTERS])})
+
+
+async def unload_v1(request: web.Request) -> web.Response:
+    name = await _unload_name(request)
+    await request.app[LORA].unload(name)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+async def unload_sglang(request: web.Request) -> web.Response:
+    await request.app[LORA].unload(await _unload_name(request))
+    return json_response({"success": True, "error_message": "", "loaded_adapters": loaded(request.app[ADAPTERS])})
+
+
+async def _unload_name(request: web.Request) -> str:
+    name = (await read_json(request)).get("lora_name")
+    if not name:
+        raise InvalidRequest("'lora_name' needs to be provided to unload a LoRA adapter.", param="lora_name")
+    return name
+
+
+def loaded(registry: AdapterRegistry) -> dict[str, str]:
+    return {adapter.name: adapter.path for adapter in registry.adapters()}
+
+
+def adapter_cards(registry: AdapterRegistry, base_name: str, max_model_len: int | None, created: int) -> list[dict]:
+    """vLLM's /v1/models cards for the adapters (id = name, root = path, parent = base). vLLM leaves an
+    adapter's max_model_len null; the proxy gives the base's, which renderers' client reads by id."""
+    return [{"id": a.name, "object": "model", "created": created, "owned_by": "sglang-token-proxy",
+             "root": a.path, "parent": base_name, "max_model_len": max_model_len, "permission": []}
+            for a in registry.adapters()]
+
+
+LORA_ROUTES = (
+    ("POST", "/v1/load_lora_adapter", load_v1),
+    ("POST", "/v1/unload_lora_adapter", unload_v1),
+    ("POST", "/load_lora_adapter", load_in_place),
+    ("POST", "/unload_lora_adapter", unload_sglang),
+)
+
+
+def add_lora_routes(app: web.Application) -> None:
+    """After the admin plane's cleanup context (the LoRA admin uses it)."""
+    app.cleanup_ctx.append(_lora_admin)
+    for method, path, handler in LORA_ROUTES:
+        app.router.add_route(method, path, handler)
+
+
+async def _lora_admin(app: web.Application):
+    ctx = app[CONTEXT]
+    registry = app[ADAPTERS] = AdapterRegistry()
+    admin = app[LORA] = LoraAdmin(plane=app[ADMIN], registry=registry)
+    registry.on_idle = admin.retire_later
+    if METRICS in app:
+        app[METRICS].registry.register(AdapterCollector(registry))
+    modules = ctx.settings.lora_modules
+
+    def learn(engine) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up
+        registry.base_names = {engine.backend.served_model_name}
+        if modules:
+            ctx.spawn(admin.load_modules(modules))
+
+    ctx.when_ready(learn)
+    interval = ctx.settings.lora_sync_interval_s
+    sync = asyncio.get_running_loop().create_task(admin.sync_forever(interval)) if interval > 0 else None
+    yield
+    if sync is not None:
+        sync.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sync

@@ -1,0 +1,1 @@
+"""token_proxy.ops (issue 21 layout; see ARCHITECTURE.md)."""

@@ -1,0 +1,93 @@
+"""Step 6-7 of the pipeline: the /generate call to SGLang, streamed or not, through the output rules.
+
+A client that leaves (or a timeout) aborts the SGLang request: nothing generates for nobody.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from aiohttp import web
+
+from token_proxy.errors import BackendError, BackendTimeout, ProxyError
+from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
+from token_proxy.lora.workers import LoraAdmin, retry_if_lost
+from token_proxy.pipeline.output_rules import Output, OutputRules
+from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.stream_frames import StreamFrames
+from token_proxy.sglang.aborts import abort_all_of, aborting_on_exit
+from token_proxy.sglang.discovery import ProxyContext
+from token_proxy.sglang.payload import SGLangRequest
+
+
+async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+                         stats: RequestStats, lora: LoraAdmin | None = None) -> list[Output]:
+    """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
+    request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
+    async with aborting_on_exit(ctx, call.rids, stats):
+        send = lambda: ctx.client.generate(call.body)
+        stats.mark_sent()
+        items = await (send() if lora is None else retry_if_lost(lora, send))
+    stats.mark_first_token()
+    outputs = rules.whole(items)
+    record(stats, rules)
+    return outputs
+
+
+async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+                            formatter, stats: RequestStats, lora: LoraAdmin | None = None) -> web.StreamResponse:
+    """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
+    async with aborting_on_exit(ctx, call.rids, stats), contextlib.AsyncExitStack() as stack:
+        opened = lambda: _open_stream(ctx, call.body, stack)
+        stats.mark_sent()
+        stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))
+        if first is None:
+            raise BackendError("SGLang closed the stream before sending anything")
+        frames = StreamFrames(rules, formatter)
+        response = await open_sse(request)
+        await response.write(frames.start(first))
+        stats.mark_first_token()
+        try:
+            await _relay(request, response, ctx, stream, call.rids, rules, frames, stats)
+        except ProxyError as exc:
+            if isinstance(exc, BackendTimeout):
+                abort_all_of(ctx, call.rids)
+            stats.stream_error_status = exc.status
+            await response.write(sse_frames([exc.body()]) + DONE)
+        finally:
+            record(stats, rules)
+    return response
+
+
+async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExitStack):
+    """The stream and its first batch of events (an HTTP error before it raises here)."""
+    stream = await ctx.client.open_stream(body)
+    stack.push_async_callback(stream.aclose)
+    return stream, await stream.first()
+
+
+async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],
+                 rules: OutputRules, frames: StreamFrames, stats: RequestStats) -> None:
+    """Every further event, translated and written as it arrives (from the stream's read callback)."""
+    out = SSEWriter(request, response)
+
+    def sink(events: list[dict]) -> bool:
+        stats.mark_event()
+        data = frames.frames(events)
+        if data:
+            out.write(data)
+        return rules.cut_short and rules.done
+
+    await stream.relay(sink, out)
+    if rules.cut_short and rules.done:
+        abort_all_of(ctx, rids)  # SGLang would go on to max_tokens
+    if not rules.done:
+        raise BackendError("SGLang ended the stream before every choice finished")
+    await response.write(frames.finish())
+
+
+def record(stats: RequestStats, rules: OutputRules) -> None:
+    stats.completion_tokens = rules.completion_tokens
+    stats.cached_tokens = rules.cached_tokens
+    stats.weight_version = rules.weight_version
+    stats.finish_reasons = rules.finish_reasons

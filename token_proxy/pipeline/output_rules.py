@@ -1,0 +1,292 @@
+"""The one post-processing step every endpoint's output passes through, streaming or not.
+
+SGLang's /generate events (a stream's events, or a non-streaming reply seen as one event per
+choice) become per-choice `Output`s in vLLM's terms. Every output rule lives here, so no
+endpoint can drift from another:
+- stop ids under ignore_eos (SGLang's ignore_eos disables stop_token_ids, vLLM's does not:
+  the proxy cuts at the first stop id and the relay aborts the SGLang request);
+- stop strings (text that could still become one is held back; a trailing match is trimmed
+  unless include_stop_str_in_output);
+- finish_reason / stop_reason in vLLM's words; usage counts; weight-version spans;
+- SGLang's two stream modes (cumulative or --incremental-streaming-output) give the same outputs.
+Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token ids go out at once.
+
+`feed` runs once per stream event, that is per token: `feed_running` is `feed` cut down to the common
+event (a plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from token_proxy.api.sampling import SamplingRequest
+from token_proxy.pipeline.weight_versions import VersionSpans
+
+REPLACEMENT = "\ufffd"
+_NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
+_EMPTY: dict = {}
+# An incremental choice keeps only text not yet sent plus the longest stop string's length of sent text
+# (what a final stop-string trim may look at): past this many sent characters, the rest is dropped, so
+# a long output is not copied whole on every event (quadratic: seconds of CPU at 64k tokens).
+_COMPACT_AT = 4096
+NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use `feed`
+
+
+@dataclass(slots=True)
+class Output:
+    """New output of one choice: a stream's delta, or (not streaming) the whole choice."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list  # SGLang triples [logprob, id, text] for token_ids
+    top_logprobs: list  # SGLang top rows for token_ids
+    finish_reason: str | None  # vLLM's, on a choice's last output
+    stop_reason: int | str | None
+    first: bool  # the choice's first output
+    meta: dict  # the event's meta_info (e.g. prompt logprobs)
+    completion_tokens: int  # the choice's output tokens so far
+    weight_versions: list[dict] | None = None  # on a choice's last output: vLLM's spans
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int | None
+
+    def body(self, drop_nulls: bool = False) -> dict:
+        """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
+        report = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": None,
+        }
+        return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
+
+
+def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
+    """SGLang's finish_reason -> vLLM's (finish_reason, stop_reason).
+
+    The tokenizer's EOS -> ("stop", None); any other stop id (a requested one, or an
+    extra EOS from generation_config, which vLLM adds to stop_token_ids) -> ("stop", id);
+    a stop string -> ("stop", string); max tokens or the context end -> ("length", None).
+    Pass eos_token_id=None under ignore_eos: vLLM then reports every stop id.
+    """
+    if not finish:
+        return None, None
+    kind = finish.get("type")
+    if kind == "stop":
+        matched = finish.get("matched")
+        if isinstance(matched, bool) or matched is None or matched == eos_token_id:
+            return "stop", None
+        return "stop", matched
+    if kind == "length":
+        return "length", None
+    if kind == "abort":
+        return "abort", None
+    return str(kind), None
+
+
+@dataclass(slots=True)
+class _Choice:
+    text: str = ""  # all text so far, as SGLang reported it (its sent head dropped, see _COMPACT_AT)
+    sent_chars: int = 0  # of `text`
+    ids_seen: int = 0
+    logprobs_seen: int = 0
+    ids: list = field(default_factory=list)  # kept only while the proxy enforces stop ids
+    started: bool = False
+    finished: bool = False
+
+
+class OutputRules:
+    """Per request: SGLang events in, `Output`s out (`feed` per stream event, `whole` for a reply)."""
+
+    def __init__(self, sampling: SamplingRequest, choices: int, prompt_tokens: int, eos_token_id: int | None,
+                 decode, incremental: bool = True):
+        """`decode(ids)` re-spells a choice cut at a stop id (only used under ignore_eos + stop_token_ids)."""
+        self._sampling = sampling
+        self._incremental = incremental
+        self._decode = decode
+        self._choices = [_Choice() for _ in range(choices)]
+        self._holdback = max((len(s) for s in sampling.stop), default=1) - 1
+        self._stop_ids = sampling.proxy_stop_ids
+        # Under proxy stop ids a cut re-spells the whole choice (_cut_at_stop_id): nothing is dropped.
+        self._compact_at = None if self._stop_ids or not incremental else self._holdback + 1 + _COMPACT_AT
+        self._eos = None if sampling.ignore_eos else eos_token_id  # under ignore_eos vLLM names every stop id
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = 0
+        self.weight_version: str | None = None  # as SGLang reports it in meta_info
+        self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
+        self._versions = VersionSpans()  # a choice that spans a weight update reports each version
+        # feed_running's last tracked version (only `feed` tracks before it starts and after it ends)
+        self._running_version: object = None
+        self.finish_reasons: list[str] = []  # vLLM's, one per finished choice (vllm:request_success_total)
+
+    @property
+    def plain(self) -> bool:
+        """A stream whose running events are text and ids only: one choice, SGLang's deltas, no stop
+        strings, no proxy-enforced stop ids (`feed_running` serves these)."""
+        return len(self._choices) == 1 and self._incremental and not self._holdback and not self._stop_ids
+
+    @property
+    def done(self) -> bool:
+        return all(c.finished for c in self._choices)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.ids_seen for c in self._choices)
+
+    def usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def whole(self, items: list[dict]) -> list[Output]:
+        """A non-streaming reply (one item per choice) -> one finished Output per choice, by index."""
+        outputs = []
+        for i, item in enumerate(items):
+            meta = item.get("meta_info") or {}
+            if meta.get("finish_reason") is None:
+                item = dict(item, meta_info=dict(meta, finish_reason=_NO_FINISH))
+            out = self._feed(item.get("index", i), item)
+            if out is not None:
+                outputs.append(out)
+        if len(outputs) > 1:
+            outputs.sort(key=lambda o: o.index)
+        return outputs
+
+    def feed(self, event: dict) -> Output | None:
+        """One stream event -> the new output of its choice (None when there is nothing to send yet)."""
+        return self._feed(event.get("index", 0), event)
+
+    def feed_running(self, event: dict):
+        """`feed` for a `plain` stream's event that continues its started choice: the same state
+        changes, returning only the new (text, token ids), or None when there is nothing to send.
+        Any other event (the first, the last, another index) returns NOT_RUNNING untouched: `feed` it."""
+        meta = event.get("meta_info") or _EMPTY
+        state = self._choices[0]
+        if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
+            return NOT_RUNNING
+        # `feed`'s steps inlined for a plain choice (no holdback, no stop ids, SGLang's deltas): this runs
+        # once per token, and the calls were most of its cost.
+        cached = meta.get("cached_tokens")
+        if cached:
+            self.cached_tokens = cached
+        if "weight_version" in meta:
+            version = self.weight_version = meta["weight_version"]
+        else:
+            version = None
+        ids = event.get("output_ids") or []
+        new_tokens = len(ids)
+        state.ids_seen += new_tokens
+        logprobs = meta.get("output_token_logprobs")
+        if logprobs:
+            state.logprobs_seen += len(logprobs)
+        if state.sent_chars > self._compact_at:
+            self._take_text(state, event.get("text") or "")
+        else:
+            state.text += event.get("text") or ""
+        text, sent = state.text, state.sent_chars
+        end = len(text)
+        while end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits for its end
+            end -= 1
+        if end == sent:
+            if not ids:
+                return None
+            delta = ""
+        else:
+            delta = text[sent:end]
+            state.sent_chars = end
+        if version is not None and new_tokens and version != self._running_version:  # most events repeat it
+            self._running_version = version
+            self._versions.track(0, version, state.ids_seen - new_tokens, new_tokens)
+        return delta, ids
+
+    def _feed(self, index: int, event: dict) -> Output | None:
+        if not 0 <= index < len(self._choices) or self._choices[index].finished:
+            return None
+        state = self._choices[index]
+        meta = event.get("meta_info") or {}
+        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
+        self.weight_version = meta.get("weight_version", self.weight_version)
+        ids = self._new_items(event.get("output_ids") or [], state.ids_seen)
+        logprobs = self._new_items(meta.get("output_token_logprobs") or [], state.logprobs_seen)
+        top = self._new_items(meta.get("output_top_logprobs") or [], state.logprobs_seen)
+        state.ids_seen += len(ids)
+        state.logprobs_seen += len(logprobs)
+        finish = meta.get("finish_reason")
+        self._take_text(state, event.get("text") or "")
+        if self._stop_ids:
+            ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
+        text = self._releasable(state, finish)
+        if not ids and not text and finish is None:
+            return None
+        self._track(state, index, meta.get("weight_version"), len(ids))
+        first, state.started = not state.started, True
+        if finish is None:
+            return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
+        state.finished = True
+        finish_reason, stop_reason = map_finish(finish, self._eos)
+        self.finish_reasons.append(finish_reason)
+        return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
+                      self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
+
+    def _track(self, state: _Choice, index: int, version, new_tokens: int) -> None:
+        """A span starts where the version changes (every event reports it, most repeat the last)."""
+        self._versions.track(index, version, state.ids_seen - new_tokens, new_tokens)
+
+    def _new_items(self, items: list, seen: int) -> list:
+        return items if self._incremental else items[seen:]
+
+    def _take_text(self, state: _Choice, text: str) -> None:
+        if self._incremental:
+            if self._compact_at is not None and state.sent_chars > self._compact_at:
+                drop = state.sent_chars - self._holdback - 1  # keep the longest stop string's length
+                state.text, state.sent_chars = state.text[drop:], state.sent_chars - drop
+            state.text += text
+        elif text.startswith(state.text[: state.sent_chars]):
+            state.text = text
+        # else: SGLang rewrote text already sent (cannot be unsent); keep what we had.
+
+    def _releasable(self, state: _Choice, finish: dict | None) -> str:
+        if finish is not None:
+            end = len(self._final_text(state, finish))
+        else:
+            end = max(state.sent_chars, len(state.text) - self._holdback)
+            while end > state.sent_chars and state.text[end - 1] == REPLACEMENT:
+                end -= 1
+        delta = state.text[state.sent_chars:end]
+        state.sent_chars = max(state.sent_chars, end)
+        return delta
+
+    def _final_text(self, state: _Choice, finish: dict) -> str:
+        """Incremental streams may still end in the stop string; vLLM trims it unless asked not to."""
+        matched = finish.get("matched")
+        text = state.text
+        if isinstance(matched, str) and not self._sampling.include_stop_str_in_output and text.endswith(matched):
+            text = text[: len(text) - len(matched)]
+        return text
+
+    def _cut_at_stop_id(self, state: _Choice, ids: list, logprobs: list, top: list, finish):
+        """vLLM stops at a stop id even under ignore_eos; SGLang does not, so the proxy does (and
+        the relay aborts the SGLang request once `cut_short`). The stop token's text is dropped."""
+        cut = next((i for i, t in enumerate(ids) if t in self._stop_ids), None)
+        if cut is None:
+            state.ids.extend(ids)
+            return ids, logprobs, top, finish
+        state.ids.extend(ids[: cut + 1])
+        state.ids_seen = len(state.ids)
+        state.text = self._decode(state.ids[:-1])
+        self.cut_short = True
+        return ids[: cut + 1], logprobs[: cut + 1], top[: cut + 1], {"type": "stop", "matched": ids[cut]}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    """Per-response facts every formatter needs besides the request and the outputs."""
+
+    response_id: str
+    created: int
+    model: str
+    prompt_ids: list[list[int]]  # per prompt (chat and generate have one)

@@ -1,0 +1,132 @@
+"""The inference pipeline every endpoint runs (chat, chat/tokens, completions, generate):
+
+parse (the endpoint's) -> resolve model -> prompt ids (the endpoint's) -> limits -> SGLang payload
+-> call, streamed or not -> output rules (one step for every endpoint) -> format (the endpoint's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from token_proxy.api.sampling import SamplingRequest
+from token_proxy.errors import InvalidRequest
+from token_proxy.http_io import json_response, response_headers
+from token_proxy.lora.workers import LORA
+from token_proxy.ops.metrics import METRICS
+from token_proxy.pipeline.call import generate_streamed, generate_whole
+from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
+from token_proxy.pipeline.request_ids import header_request_id, new_request_id, now
+from token_proxy.pipeline.request_stats import RequestStats, stats_of
+from token_proxy.pipeline.target import ModelTarget, resolve_target
+from token_proxy.sglang.discovery import CONTEXT, ProxyContext
+from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
+
+GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
+SEED_HONOURED_HEADER = "X-Seed-Honoured"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """What the pipeline reads of any parsed inference request, whichever endpoint parsed it."""
+
+    id_prefix: str  # of the response id and SGLang rid: "chatcmpl", "cmpl", "generate-tokens"
+    model: str | None
+    sampling: SamplingRequest
+    stream: bool
+    request_id: str | None = None
+    cache_salt: str | None = None
+    priority: int | None = None
+
+
+class Formatter(Protocol):
+    """An endpoint's response shape, over the output rules' `Output`s."""
+
+    # True when a started, unfinished choice's chunk holds only its new text and token ids, and
+    # making one changes nothing once the stream's first chunk is out: a plain stream's running
+    # chunks are then written from a template (pipeline/stream_frames.py).
+    plain_chunks: bool
+
+    def response(self, outputs: list[Output], usage: Usage) -> dict: ...
+
+    def start(self) -> list[dict]: ...
+
+    def chunk(self, out: Output) -> dict | None: ...  # None: nothing to send for this event
+
+    def finish(self, usage: Usage) -> list[dict]: ...
+
+
+class Endpoint(Protocol):
+    """An endpoint's adapter: its parsed request (`job`), its prompt ids and its formatter."""
+
+    job: Job
+
+    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]: ...
+
+    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> Formatter: ...
+
+
+async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+    ctx, job, stats = request.app[CONTEXT], endpoint.job, stats_of(request)
+    stats.stream = job.stream
+    target = await resolve_target(request.app, ctx, job.model)
+    stats.adapter = target.name if target.lora_path else None
+    try:
+        return await _serve(request, ctx, endpoint, target, stats)
+    finally:
+        target.release()
+
+
+async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, target: ModelTarget,
+                 stats: RequestStats) -> web.StreamResponse:
+    job = endpoint.job
+    sampling = checked_seed(request, ctx, job.sampling)
+    prompts = await endpoint.prompt_ids(ctx, stats)
+    stats.prompt_tokens = sum(len(ids) for ids in prompts)
+    limits = [resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
+              for ids in prompts]
+    meta = ResponseMeta(new_request_id(job.id_prefix, job.request_id or header_request_id(request)), now(),
+                        target.name, prompts)
+    stats.backend_rid = meta.response_id
+    call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
+                          cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path,
+                          api=ctx.backend.api)
+    rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
+    formatter = await endpoint.formatter(ctx, meta)
+    lora = request.app.get(LORA) if target.lora_path else None
+    if job.stream:
+        return await generate_streamed(request, ctx, call, rules, formatter, stats, lora)
+    outputs = await generate_whole(ctx, call, rules, stats, lora)
+    return json_response(formatter.response(outputs, rules.usage()))
+
+
+def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, prompt_tokens: int,
+                 stream: bool) -> OutputRules:
+    skip = sampling.skip_special_tokens
+    texts = ctx.token_texts
+    return OutputRules(sampling, prompts * sampling.n, prompt_tokens, ctx.tokenizer_info.eos_token_id,
+                       lambda ids: texts.decode(ids, skip), incremental=not stream or ctx.backend.incremental_stream)
+
+
+def checked_seed(request: web.Request, ctx: ProxyContext, sampling: SamplingRequest) -> SamplingRequest:
+    """vLLM always honours `seed`; SGLang only with --enable-deterministic-inference. Clients written for
+    vLLM (SkyRL samples with a seed and temperature > 0) must run unmodified: the seed is sent (as
+    sampling_seed) and, when SGLang will ignore it, the request still runs and says so: the response
+    header `X-Seed-Honoured: false`, a counter and a warning at most once a minute. With
+    --require-honoured-seed it is refused (400 naming `seed`). Under greedy decoding (temperature 0),
+    which no engine seeds, a seed is accepted and dropped."""
+    if sampling.seed is None or ctx.backend.honours_seed:
+        return sampling
+    if sampling.temperature is not None and sampling.temperature < GREEDY_BELOW:
+        return dataclasses.replace(sampling, seed=None)
+    if ctx.settings.require_honoured_seed:
+        raise InvalidRequest(
+            "`seed` cannot be honoured: SGLang ignores it unless started with --enable-deterministic-inference "
+            "(the proxy runs with --require-honoured-seed; greedy requests, temperature 0, may carry a seed)",
+            param="seed")
+    response_headers(request)[SEED_HONOURED_HEADER] = "false"
+    request.app[METRICS].unhonoured_seed(stats_of(request).endpoint)
+    return sampling

@@ -1,0 +1,1 @@
+"""token_proxy.sglang (issue 21 layout; see ARCHITECTURE.md)."""
