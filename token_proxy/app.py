@@ -17,7 +17,8 @@ from token_proxy.routes import add_routes
 from token_proxy.serving.role import OWNER, ROLE, WORKER, Role
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient, sglang_sessions
-from token_proxy.sglang.discovery import CONTEXT, SETTINGS, ProxyContext, keep_connected
+from token_proxy.sglang.discovery import keep_connected
+from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
 
 
 def create_app(settings: Settings, role: Role | None = None) -> web.Application:

@@ -422,7 +422,7 @@ def serve(settings: Settings, sock: socket.socket, role=None) -> None:
     from aiohttp import web
 
     from token_proxy.app import create_app
-    from token_proxy.sglang.discovery import CONTEXT, ON_FATAL
+    from token_proxy.state import CONTEXT, ON_FATAL
 
     # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
     # the collector thousands of times a second under load. Long-lived objects are frozen out of it.

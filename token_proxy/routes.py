@@ -28,7 +28,7 @@ from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
 from token_proxy.ops.metrics import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 INFERENCE, TOKENIZER, ADMIN, OPS = "inference", "tokenizer", "admin", "ops"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -218,7 +218,7 @@ async def test_continue_final_message(proxy, hf_tokenizer):
 
 
 async def test_prompt_cache_serves_repeats(proxy):
-    from token_proxy.sglang.discovery import CONTEXT
+    from token_proxy.state import CONTEXT
 
     renderer = proxy.server.app[CONTEXT].renderer
     before = renderer.hits

@@ -17,9 +17,9 @@ from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.lora.registry import ADAPTERS, Adapter, AdapterRegistry
 from token_proxy.lora.routes import adapter_cards
 from token_proxy.lora.workers import LORA, is_lost_adapter_error, retry_if_lost
-from token_proxy.sglang.discovery import CONTEXT
 from token_proxy.simulator import SIM_STATE, SimConfig
 from token_proxy.simulator.app import start_simulator
+from token_proxy.state import CONTEXT
 
 BASE = "sim/qwen2-tiny"
 

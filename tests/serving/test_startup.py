@@ -140,7 +140,7 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     """SGLang answers /health 200, but the proxy cannot serve yet (its tokenizer is still loading)."""
     from token_proxy.app import create_app
     from token_proxy.settings import Settings
-    from token_proxy.sglang.discovery import CONTEXT
+    from token_proxy.state import CONTEXT
 
     def slow_load(path):
         time.sleep(1.0)
@@ -151,7 +151,7 @@ async def test_health_is_503_while_the_data_path_cannot_serve(make_sim, aiohttp_
     proxy = await aiohttp_client(create_app(Settings(backend_url=str(sim.make_url("")).rstrip("/"),
                                                      tokenizer=str(tokenizer_dir))))
     await asyncio.sleep(0.3)
-    assert proxy.app[CONTEXT].engine is None
+    assert not proxy.app[CONTEXT].connected
     resp = await proxy.get("/health")
     assert resp.status == 503
     url = str(sim.make_url("")).rstrip("/")  # the reason names the tokenizer, not SGLang, which is up

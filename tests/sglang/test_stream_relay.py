@@ -12,8 +12,8 @@ import pytest
 
 from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
 from token_proxy.sglang import client as client_module
-from token_proxy.sglang.discovery import CONTEXT
 from token_proxy.sglang.relay import RelayStream, relay_target
+from token_proxy.state import CONTEXT
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 

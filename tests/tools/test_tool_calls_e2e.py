@@ -293,7 +293,7 @@ async def test_exclude_tools_when_tool_choice_none(make_sim, make_proxy, hf_toke
 
 async def test_parser_detected_from_the_chat_template(make_sim, make_proxy, caplog):
     """No --tool-call-parser: the served template (the simulator's ChatML with <tool_call>) names hermes."""
-    from token_proxy.sglang.discovery import CONTEXT
+    from token_proxy.state import CONTEXT
 
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
     sim = await make_sim(scripted_output=text)

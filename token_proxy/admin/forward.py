@@ -25,7 +25,7 @@ from token_proxy.admin.workers import (
 )
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import parse_json_object
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 SHORT_TIMEOUT_S = 30.0
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from token_proxy.admin.forward import passthrough
 from token_proxy.errors import BackendUnavailable
 from token_proxy.http_io import json_response
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 LOADS_PATH = "/v1/loads?include=core"
 READ_TIMEOUT_S = 10.0

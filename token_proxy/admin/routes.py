@@ -27,7 +27,7 @@ from token_proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.routes import add_lora_routes
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +196,9 @@ async def _admin_plane(app: web.Application):
     plane = app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
                                     initial_version=None, version=None, spawn=ctx.spawn)
 
-    def learn(engine) -> None:  # once SGLang is known (start-up may come before it)
-        plane.base_model_path = plane.loaded_path = engine.backend.model_path
-        plane.initial_version = plane.version = engine.backend.weight_version
+    def learn(backend) -> None:  # once SGLang is known (start-up may come before it)
+        plane.base_model_path = plane.loaded_path = backend.model_path
+        plane.initial_version = plane.version = backend.weight_version
 
     ctx.when_ready(learn)
     yield

@@ -59,7 +59,7 @@ from token_proxy.admin.workers import (
 )
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.http_io import json_response, read_json
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from token_proxy.lora.metrics import AdapterCollector
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.workers import LORA, LoraAdmin
 from token_proxy.ops.metrics import METRICS
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 
 async def _load_request(request: web.Request) -> tuple[str, str, dict]:
@@ -102,8 +102,8 @@ async def _lora_admin(app: web.Application):
         app[METRICS].registry.register(AdapterCollector(registry))
     modules = ctx.settings.lora_modules
 
-    def learn(engine) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up
-        registry.base_names = {engine.backend.served_model_name}
+    def learn(backend) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up
+        registry.base_names = {backend.served_model_name}
         if modules:
             ctx.spawn(admin.load_modules(modules))
 

@@ -41,7 +41,7 @@ from token_proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
 from token_proxy.serving.role import ROLE
 from token_proxy.sglang.client import RETRY_REASONS
-from token_proxy.sglang.discovery import CONTEXT, SETTINGS
+from token_proxy.state import CONTEXT, SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -483,8 +483,7 @@ async def backend_metrics(app: web.Application):
     view, and seeds the weight version from start-up discovery."""
     settings, metrics, ctx = app[SETTINGS], app[METRICS], app[CONTEXT]
 
-    def seed(engine) -> None:  # once SGLang is known (start-up may come before it)
-        backend = engine.backend
+    def seed(backend) -> None:  # once SGLang is known (start-up may come before it)
         metrics.backend.model_name = backend.served_model_name
         metrics.start_vllm_series(backend.served_model_name)
         if backend.max_total_num_tokens:
@@ -561,7 +560,7 @@ async def _mirror_collectors(app: web.Application):
     mirror = metrics.mirror
     ctx = app.get(CONTEXT)
     if ctx is not None:
-        ctx.when_ready(lambda engine: metrics.start_vllm_series(engine.backend.served_model_name))
+        ctx.when_ready(lambda backend: metrics.start_vllm_series(backend.served_model_name))
 
     async def forever() -> None:
         while True:

@@ -18,7 +18,7 @@ from token_proxy.api.fields import INT64_MAX, INT64_MIN, MAX_REQUEST_ID_CHARS
 from token_proxy.api.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from token_proxy.errors import BackendUnavailable
 from token_proxy.http_io import json_response
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 ERROR_STATUSES = {
     "400": "Invalid request: the message names the parameter (`param`)",

@@ -16,8 +16,8 @@ from token_proxy.pipeline.output_rules import Output, OutputRules
 from token_proxy.pipeline.request_stats import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.aborts import abort_all_of, aborting_on_exit
-from token_proxy.sglang.discovery import ProxyContext
 from token_proxy.sglang.payload import SGLangRequest
+from token_proxy.state import ProxyContext
 
 
 async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,

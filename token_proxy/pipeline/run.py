@@ -22,8 +22,8 @@ from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta,
 from token_proxy.pipeline.request_ids import header_request_id, new_request_id, now
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
 from token_proxy.pipeline.target import ModelTarget, resolve_target
-from token_proxy.sglang.discovery import CONTEXT, ProxyContext
 from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
+from token_proxy.state import CONTEXT, ProxyContext
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from token_proxy.errors import NotFound
 from token_proxy.lora.registry import ADAPTERS, Lease
-from token_proxy.sglang.discovery import ProxyContext
+from token_proxy.state import ProxyContext
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,7 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     from token_proxy.ops.access_log import ACCESS_LOGGER
     from token_proxy.serving.metrics_block import WORKER_PIDS
     from token_proxy.serving.role import OWNER, Role
-    from token_proxy.sglang.discovery import ON_FATAL
+    from token_proxy.state import ON_FATAL
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -20,7 +20,7 @@ from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.metrics import EXTRA_METRICS
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.serving.role import ROLE
-from token_proxy.sglang.discovery import CONTEXT
+from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ async def _worker_state(app: web.Application):
         app[LORA] = RemoteLora(session)
         follower = AdapterFollower(session, role.index, registry)
 
-        def learn(engine) -> None:
-            registry.base_names = {engine.backend.served_model_name}
+        def learn(backend) -> None:
+            registry.base_names = {backend.served_model_name}
 
         app[CONTEXT].when_ready(learn)
         task = asyncio.get_running_loop().create_task(follower.run())

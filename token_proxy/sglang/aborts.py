@@ -9,7 +9,7 @@ import os
 
 from token_proxy.errors import BackendTimeout
 from token_proxy.pipeline.request_stats import RequestStats
-from token_proxy.sglang.discovery import ProxyContext
+from token_proxy.state import ProxyContext
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The connection to SGLang: what start-up learns from it (discovery), the state handlers share
-(ProxyContext, on the Application under typed keys), and the loop that connects and reconnects.
+"""The connection to SGLang: what start-up learns from it (discovery: BackendInfo and the tokenizer it
+names) and the loop that connects, setting it on the shared ProxyContext (state.py).
 
 The port opens at once. Until the first successful discovery the engine-facing fields raise
 BackendUnavailable (a 503 naming the reason); the loop keeps trying, with a capped backoff, and
@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 import urllib.parse
-from collections.abc import Callable
-from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from token_proxy.errors import BackendUnavailable, ProxyError
+from token_proxy.errors import ProxyError
 from token_proxy.ops.access_log import adopt_library_loggers
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.versions import KNOWN_RANGE, VERIFIED_FEATURES, SGLangFeatures, features_for
+from token_proxy.state import CONTEXT, ON_FATAL, ProxyContext
 from token_proxy.tokenization.loader import (
-    TokenizerInfo,
     describe_tokenizer,
     load_tokenizer,
     tokenizer_dir_problem,
@@ -125,118 +122,6 @@ async def _first_json(client: SGLangClient, *paths: str) -> dict:
     raise RuntimeError(f"SGLang answered none of {paths}: {last.message if last else 'not an object'}")
 
 
-# --- the state handlers share ------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class Engine:
-    """What start-up learns from SGLang, and the tokenizer it names."""
-
-    backend: BackendInfo
-    tokenizer_info: TokenizerInfo
-    renderer: PromptRenderer
-    token_texts: TokenTexts
-    tool_parser: str | None = None  # --tool-call-parser, else the one the chat template names (tools)
-
-
-@dataclass(slots=True)
-class ProxyContext:
-    settings: Settings
-    client: SGLangClient
-    executor: Executor
-    engine: Engine | None = None
-    last_error: str | None = None  # why the engine is not there yet
-    loading_tokenizer: str | None = None  # SGLang answered; this tokenizer is loading (a hub id may take long)
-    # Since when SGLang has been unreachable after it was connected (None: it is there); outage_began and
-    # outage_ended log the two edges, one line each.
-    outage_since: float | None = None
-    fatal: str | None = None  # a configuration error that ends the process (an unloadable tokenizer)
-    # Fire-and-forget work (upstream aborts) that must outlive a cancelled handler.
-    background: set[asyncio.Task] = field(default_factory=set)
-    # The SGLang rids of each request being served, by response id (aborts.py; vLLM's /abort_requests).
-    in_flight: dict[str, list[str]] = field(default_factory=dict)
-    started_at: int = field(default_factory=lambda: int(time.time()))
-    _ready_hooks: list[Callable[[Engine], None]] = field(default_factory=list)
-
-    def spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-
-    def when_ready(self, hook: Callable[[Engine], None]) -> None:
-        """Run `hook(engine)` once the engine is known (at once if it already is)."""
-        if self.engine is not None:
-            hook(self.engine)
-        else:
-            self._ready_hooks.append(hook)
-
-    def set_engine(self, engine: Engine) -> None:
-        self.engine, self.last_error = engine, None
-        hooks, self._ready_hooks = self._ready_hooks, []
-        for hook in hooks:
-            hook(engine)
-
-    @property
-    def not_ready_reason(self) -> str | None:
-        """None when the data path can serve; else why not (what /health and every 503 say)."""
-        if self.engine is not None:
-            return None
-        if self.fatal:
-            return f"The proxy cannot serve: {self.fatal}"
-        if self.loading_tokenizer:
-            return (f"The proxy is loading the tokenizer {self.loading_tokenizer!r} (SGLang at "
-                    f"{self.client.base_url} is up){_hub_hint(self.loading_tokenizer)}")
-        why = f": {self.last_error}" if self.last_error else ""
-        return f"The proxy is not connected to SGLang at {self.client.base_url} yet{why}"
-
-    def outage_began(self, reason: str, clock=time.monotonic) -> None:
-        """SGLang stopped answering after it was connected (the /metrics reader noticed): one warning."""
-        if self.engine is None or self.outage_since is not None:
-            return  # before the first connection the wait lines say it; during an outage it was said
-        self.outage_since = clock()
-        log.warning("lost SGLang: %s (requests get 503 until it answers again)", reason)
-
-    def outage_ended(self, clock=time.monotonic) -> None:
-        if self.outage_since is not None:
-            log.info("SGLang at %s answers again (after %.0f s unreachable)", self.client.base_url,
-                     clock() - self.outage_since)
-            self.outage_since = None
-
-    def _ready(self) -> Engine:
-        if self.engine is None:
-            raise BackendUnavailable(self.not_ready_reason)
-        return self.engine
-
-    @property
-    def backend(self) -> BackendInfo:
-        return self._ready().backend
-
-    @property
-    def tokenizer_info(self) -> TokenizerInfo:
-        return self._ready().tokenizer_info
-
-    @property
-    def renderer(self) -> PromptRenderer:
-        return self._ready().renderer
-
-    @property
-    def token_texts(self) -> TokenTexts:
-        return self._ready().token_texts
-
-    @property
-    def tool_parser(self) -> str | None:
-        return self._ready().tool_parser
-
-    @property
-    def max_model_len(self) -> int:
-        return self.backend.max_model_len
-
-
-SETTINGS = web.AppKey("settings", Settings)
-CONTEXT = web.AppKey("context", ProxyContext)
-# Called with the message when connecting hits a configuration error (the CLI stops the server).
-ON_FATAL = web.AppKey("on_fatal", Callable)
-
-
 # --- connecting --------------------------------------------------------------------------------
 
 class TokenizerLoadError(Exception):
@@ -251,7 +136,7 @@ async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monoto
         try:
             problem = await ctx.client.health_problem()
             if problem is None:
-                ctx.set_engine(await _engine(ctx))
+                await _connect_once(ctx)
                 log.info("serving %s (context %d) from %s: %s", ctx.backend.served_model_name,
                          ctx.backend.max_model_len, ctx.client.base_url, ctx.backend.api.describe())
                 return
@@ -278,13 +163,6 @@ def health_hint(problem: str, base_url: str) -> str:
     return problem
 
 
-def _hub_hint(tokenizer: str) -> str:
-    if os.path.isdir(tokenizer):
-        return ""
-    return (": a Hugging Face hub id, downloaded unless cached (HF_HOME); with no network, mount the model "
-            "directory and pass --tokenizer DIR")
-
-
 def _load_tokenizer(path: str):
     """In an executor thread. Library loggers are adopted between the import and the load: huggingface_hub
     gives itself a stderr handler on import, and its download retries would otherwise print twice."""
@@ -294,7 +172,8 @@ def _load_tokenizer(path: str):
     return load_tokenizer(path)
 
 
-async def _engine(ctx: ProxyContext) -> Engine:
+async def _connect_once(ctx: ProxyContext) -> None:
+    """Discover SGLang, load the tokenizer it names, and set both on the context."""
     backend = await discover(ctx.client, ctx.settings)
     problem = tokenizer_dir_problem(backend.tokenizer_path)
     if problem:
@@ -309,10 +188,10 @@ async def _engine(ctx: ProxyContext) -> Engine:
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
     finally:
         ctx.loading_tokenizer = None
-    return Engine(backend=backend, tokenizer_info=describe_tokenizer(tokenizer),
-                  renderer=PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size,
-                                          busy=lambda: bool(ctx.in_flight)),
-                  token_texts=TokenTexts(tokenizer), tool_parser=_tool_parser(ctx, tokenizer))
+    ctx.set_connected(backend, describe_tokenizer(tokenizer),
+                      PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size,
+                                     busy=lambda: bool(ctx.in_flight)),
+                      TokenTexts(tokenizer), _tool_parser(ctx, tokenizer))
 
 
 def _tool_parser(ctx: ProxyContext, tokenizer) -> str | None:
@@ -341,9 +220,9 @@ async def keep_connected(app: web.Application) -> None:
 
 
 async def wait_until_connected(app: web.Application, timeout_s: float) -> bool:
-    """For tests and tools: wait (bounded) until the engine is known; False if it is not."""
+    """For tests and tools: wait (bounded) until SGLang is known; False if it is not."""
     end = time.monotonic() + timeout_s
     ctx = app[CONTEXT]
-    while ctx.engine is None and ctx.fatal is None and time.monotonic() < end:
+    while not ctx.connected and ctx.fatal is None and time.monotonic() < end:
         await asyncio.sleep(0.02)
-    return ctx.engine is not None
+    return ctx.connected

@@ -21,8 +21,8 @@ from token_proxy.pipeline.request_ids import header_request_id, new_request_id
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
 from token_proxy.pipeline.run import Job, run_pipeline
 from token_proxy.pipeline.target import resolve_target
-from token_proxy.sglang.discovery import CONTEXT, ProxyContext
 from token_proxy.sglang.payload import resolve_max_tokens, with_sampling_overrides
+from token_proxy.state import CONTEXT, ProxyContext
 from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sampling_overrides
 
 

@@ -28,7 +28,7 @@ from token_proxy.sessions import (
     TemplateCodec,
     session_key,
 )
-from token_proxy.sglang.discovery import SETTINGS, ProxyContext
+from token_proxy.state import SETTINGS, ProxyContext
 from token_proxy.tokenization.renderer import ChatPrompt
 
 SESSIONS = web.AppKey("sessions", SessionStore)  # absent when --session-max-bytes is 0

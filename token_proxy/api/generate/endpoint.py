@@ -14,7 +14,7 @@ from token_proxy.http_io import read_json
 from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_stats import RequestStats
 from token_proxy.pipeline.run import Job, run_pipeline
-from token_proxy.sglang.discovery import CONTEXT, ProxyContext
+from token_proxy.state import CONTEXT, ProxyContext
 
 
 async def generate_tokens(request: web.Request) -> web.StreamResponse:
