@@ -9,6 +9,7 @@ from aiohttp import web
 
 from token_proxy.api.chat.sessions import add_sessions
 from token_proxy.http_io import send_response_headers
+from token_proxy.ops.access_log import adopt_library_loggers
 from token_proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.ops.auth import ACCESS, AccessPolicy, access_control
 from token_proxy.ops.metrics import METRICS, add_observability, observe_requests
@@ -67,7 +68,7 @@ async def _proxy_context(app: web.Application):
                               on_retry=app[METRICS].upstream_retry)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
-        connecting = asyncio.get_running_loop().create_task(keep_connected(app))
+        connecting = asyncio.get_running_loop().create_task(keep_connected(app, adopt_library_loggers))
         yield
         connecting.cancel()
         pending = list(app[CONTEXT].background)

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 import urllib.request
 
-from token_proxy.api.fields import bool_word
+from token_proxy.checks import bool_word
 from token_proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import tokenizer_dir_problem

@@ -159,3 +159,6 @@ SETTINGS = web.AppKey("settings", Settings)
 CONTEXT = web.AppKey("context", ProxyContext)
 # Called with the message when connecting hits a configuration error (the CLI stops the server).
 ON_FATAL = web.AppKey("on_fatal", Callable)
+# register(collector): puts a prometheus collector of a module below ops/ (sessions, LoRA adapters: their own
+# counters, read at scrape time) on /metrics. ops/metrics.py sets it; absent, nothing is registered.
+REGISTER_COLLECTOR = web.AppKey("register_collector", Callable)

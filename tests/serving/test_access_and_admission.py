@@ -108,7 +108,7 @@ async def test_api_key_is_required_on_inference_when_configured(make_sim, make_p
 
 
 def test_weight_paths_stay_under_the_allowed_roots(tmp_path):
-    from token_proxy.admin.checks import local_dir
+    from token_proxy.checks import local_dir
     from token_proxy.errors import InvalidRequest
     from token_proxy.settings import Settings
 

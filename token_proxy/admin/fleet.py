@@ -35,14 +35,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
-from token_proxy.admin.workers import (
-    AdminPlane,
-    WorkerFailed,
-    WorkerReply,
-    failure_status,
-    raise_for_failures,
-)
+from token_proxy.admin.workers import AdminPlane
 from token_proxy.errors import BackendUnavailable, InvalidRequest
+from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, raise_for_failures
 
 log = logging.getLogger(__name__)
 

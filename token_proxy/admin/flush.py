@@ -24,7 +24,8 @@ import time
 
 import orjson
 
-from token_proxy.admin.workers import AdminPlane, WorkerReply
+from token_proxy.admin.workers import AdminPlane
+from token_proxy.sglang.workers import WorkerReply
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from token_proxy.admin import checks as check
+from token_proxy import checks as check
 from token_proxy.api.fields import INT64_MAX, INT64_MIN, token_id_list, type_name
 from token_proxy.api.sampling import MAX_N
 from token_proxy.errors import InvalidRequest

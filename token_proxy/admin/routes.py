@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from token_proxy.admin import checks as check
+from token_proxy import checks as check
 from token_proxy.admin import fleet, vllm_rl
 from token_proxy.admin.flush import read_pending
 from token_proxy.admin.forward import (
@@ -23,10 +23,11 @@ from token_proxy.admin.forward import (
     note_group,
 )
 from token_proxy.admin.removed_routes import add_removed_routes
-from token_proxy.admin.workers import ADMIN, AdminPlane, WorkerFailed, raise_for_failures
+from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.routes import add_lora_routes
+from token_proxy.sglang.workers import WORKERS, WorkerFailed, raise_for_failures
 from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def add_admin_routes(app: web.Application) -> None:
 
 async def _admin_plane(app: web.Application):
     ctx = app[CONTEXT]
-    plane = app[ADMIN] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
+    plane = app[ADMIN] = app[WORKERS] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
                                     initial_version=None, version=None, spawn=ctx.spawn)
 
     def learn(backend) -> None:  # once SGLang is known (start-up may come before it)

@@ -45,20 +45,14 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from token_proxy.admin import checks as check
+from token_proxy import checks as check
 from token_proxy.admin import fleet, weight_session
 from token_proxy.admin.flush import flush_or_owe, pending, read_pending
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
-from token_proxy.admin.workers import (
-    ADMIN,
-    AdminPlane,
-    WorkerFailed,
-    failure_status,
-    raise_for_failures,
-    server_infos,
-)
+from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.http_io import json_response, read_json
+from token_proxy.sglang.workers import WorkerFailed, failure_status, raise_for_failures, server_infos
 from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from token_proxy.admin.workers import AdminPlane, WorkerReply, server_infos
+from token_proxy.admin.workers import AdminPlane
 from token_proxy.sglang.versions import SGLangFeatures, features_for
+from token_proxy.sglang.workers import WorkerReply, server_infos
 
 log = logging.getLogger(__name__)
 

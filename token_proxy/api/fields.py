@@ -18,15 +18,6 @@ MAX_REQUEST_ID_CHARS = 256  # the id becomes the X-Request-Id response header
 _CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
-TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-
-
-def bool_word(value: str) -> bool | None:
-    """A true/false word of a flag or query parameter (any case); None when it is neither."""
-    word = value.lower()
-    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
-
-
 def bad(param: str, message: str) -> InvalidRequest:
     return InvalidRequest(f"{param}: {message}", param=param)
 

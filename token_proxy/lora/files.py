@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from token_proxy.admin import checks as check
+from token_proxy import checks as check
 from token_proxy.errors import InvalidRequest, NotFound
 
 CONFIG = "adapter_config.json"

@@ -12,14 +12,13 @@ import contextlib
 
 from aiohttp import web
 
-from token_proxy.admin.workers import ADMIN
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.metrics import AdapterCollector
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.workers import LORA, LoraAdmin
-from token_proxy.ops.metrics import METRICS
-from token_proxy.state import CONTEXT
+from token_proxy.sglang.workers import WORKERS
+from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
 
 
 async def _load_request(request: web.Request) -> tuple[str, str, dict]:
@@ -96,10 +95,10 @@ def add_lora_routes(app: web.Application) -> None:
 async def _lora_admin(app: web.Application):
     ctx = app[CONTEXT]
     registry = app[ADAPTERS] = AdapterRegistry()
-    admin = app[LORA] = LoraAdmin(plane=app[ADMIN], registry=registry)
+    admin = app[LORA] = LoraAdmin(plane=app[WORKERS], registry=registry)
     registry.on_idle = admin.retire_later
-    if METRICS in app:
-        app[METRICS].registry.register(AdapterCollector(registry))
+    if REGISTER_COLLECTOR in app:
+        app[REGISTER_COLLECTOR](AdapterCollector(registry))
     modules = ctx.settings.lora_modules
 
     def learn(backend) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from token_proxy.admin.workers import AdminPlane, WorkerReply, server_infos
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.lora import files as lora_files
 from token_proxy.lora.registry import Adapter, AdapterRegistry
+from token_proxy.sglang.workers import WorkerReply, Workers, server_infos
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,6 @@ SHORT_TIMEOUT_S = 10.0
 # SGLang's words for "no such adapter files on this worker" (a Hub lookup when the path is no directory).
 _MISSING_FILES = ("No such file or directory", "Repo id must be", "Repository Not Found", "is not a directory",
                   "cached snapshot")  # the last: HF_HUB_OFFLINE with a hub-id-like path
-# SGLang's words on /generate for an adapter a (restarted) worker does not hold.
-LOST_ADAPTER = ("has never been loaded", "are not loaded")
 _TYPES = {400: "BadRequestError", 404: "NotFoundError"}
 
 
@@ -37,11 +35,6 @@ class AdapterCallFailed(ProxyError):
         super().__init__(message, param="lora_path" if status in (400, 404) else None)
         self.status = status
         self.type = _TYPES.get(status, "InternalServerError")
-
-
-def is_lost_adapter_error(message: str) -> bool:
-    """SGLang refused a request because the worker does not hold the adapter (it restarted)."""
-    return any(words in message for words in LOST_ADAPTER)
 
 
 def _reply_status(reply: WorkerReply) -> int:
@@ -62,7 +55,7 @@ def raise_for_workers(action: str, replies: list[WorkerReply]) -> None:
 
 @dataclass
 class LoraAdmin:
-    plane: AdminPlane
+    plane: Workers  # the admin plane's fan-out
     registry: AdapterRegistry
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Internal names unloaded (or to unload) from every worker; a sync pass removes leftovers.
@@ -217,18 +210,6 @@ class LoraAdmin:
                 await self.load(name, path, inplace=True)
             except ProxyError as exc:
                 log.error("--lora-modules %s=%s was not loaded: %s", name, path, exc.message)
-
-
-async def retry_if_lost(admin: LoraAdmin, send):
-    """`await send()`; if SGLang refused it because the worker lacks the adapter (it restarted and the
-    sync pass has not run yet), re-load what is missing and send once more."""
-    try:
-        return await send()
-    except ProxyError as exc:
-        if not is_lost_adapter_error(exc.message):
-            raise
-        await admin.resync()
-        return await send()
 
 
 def _checked_name(name, registry: AdapterRegistry, param: str = "lora_name") -> str:

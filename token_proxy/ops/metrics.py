@@ -41,7 +41,7 @@ from token_proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
 from token_proxy.serving.role import ROLE
 from token_proxy.sglang.client import RETRY_REASONS
-from token_proxy.state import CONTEXT, SETTINGS
+from token_proxy.state import CONTEXT, REGISTER_COLLECTOR, SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +325,8 @@ class ProxyMetrics:
             self.child(self.prompt_cache, "hit" if stats.prompt_cache_hit else "miss").inc()
             if not stats.prompt_cache_hit:
                 self.render.observe(stats.render_s)
+        if stats.seed_unhonoured:
+            self.unhonoured_seed(stats.endpoint)
         if overloaded:
             self.child(self.overloaded, endpoint).inc()
         elif (stats.stream_error_status or status) in _BACKEND_ERROR_KINDS:  # in-stream failures too
@@ -538,7 +540,8 @@ def add_observability(app: web.Application) -> None:
     proxy context: it uses its SGLang client). The middleware goes first in create_app's list."""
     settings = app[SETTINGS]
     multiproc = app[ROLE].multiprocess if ROLE in app else False
-    app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s, multiprocess=multiproc)
+    metrics = app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s, multiprocess=multiproc)
+    app[REGISTER_COLLECTOR] = metrics.registry.register
     app.on_response_prepare.append(add_request_id_header)
     app.on_startup.append(_start_routes_at_zero)
     if not multiproc:  # with --workers, the owner alone reads SGLang's /metrics

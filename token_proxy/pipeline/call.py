@@ -11,7 +11,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
-from token_proxy.lora.workers import LoraAdmin, retry_if_lost
+from token_proxy.lora.leases import Reloads, retry_if_lost
 from token_proxy.pipeline.output_rules import Output, OutputRules
 from token_proxy.pipeline.request_stats import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
@@ -21,7 +21,7 @@ from token_proxy.state import ProxyContext
 
 
 async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
-                         stats: RequestStats, lora: LoraAdmin | None = None) -> list[Output]:
+                         stats: RequestStats, lora: Reloads | None = None) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
     request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
     async with aborting_on_exit(ctx, call.rids, stats):
@@ -35,7 +35,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
 
 
 async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
-                            formatter, stats: RequestStats, lora: LoraAdmin | None = None) -> web.StreamResponse:
+                            formatter, stats: RequestStats, lora: Reloads | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
     async with aborting_on_exit(ctx, call.rids, stats), contextlib.AsyncExitStack() as stack:
         opened = lambda: _open_stream(ctx, call.body, stack)

@@ -33,6 +33,7 @@ class RequestStats:
     overloaded: bool = False  # refused by admission (503 + Retry-After, the proxy's own capacity)
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
+    seed_unhonoured: bool = False  # the request's seed went to an SGLang that ignores it
 
     def mark_sent(self) -> None:
         if self.sent_at is None:

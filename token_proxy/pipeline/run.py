@@ -16,7 +16,6 @@ from token_proxy.api.sampling import SamplingRequest
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, response_headers
 from token_proxy.lora.workers import LORA
-from token_proxy.ops.metrics import METRICS
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
 from token_proxy.pipeline.request_ids import header_request_id, new_request_id, now
@@ -128,5 +127,5 @@ def checked_seed(request: web.Request, ctx: ProxyContext, sampling: SamplingRequ
             "(the proxy runs with --require-honoured-seed; greedy requests, temperature 0, may carry a seed)",
             param="seed")
     response_headers(request)[SEED_HONOURED_HEADER] = "false"
-    request.app[METRICS].unhonoured_seed(stats_of(request).endpoint)
+    stats_of(request).seed_unhonoured = True  # counted (and warned about) by ops/metrics.py
     return sampling

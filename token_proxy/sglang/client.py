@@ -17,7 +17,7 @@ window is dropped unread (the client sees "Server disconnected" or ECONNRESET). 
 aiohttp itself resends an idempotent request (GET, PUT, DELETE) once through the same pool when its
 connection fails (uncounted); every /generate and admin POST has only this rule.
 
-This is the transport's retry. `retry_if_lost` (lora/workers.py) is another rule on another
+This is the transport's retry. `retry_if_lost` (lora/leases.py) is another rule on another
 layer: SGLang answered (the adapter is gone) and the proxy re-loads it before sending again.
 """
 

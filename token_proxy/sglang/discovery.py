@@ -13,12 +13,12 @@ import asyncio
 import logging
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-from token_proxy.ops.access_log import adopt_library_loggers
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.versions import KNOWN_RANGE, VERIFIED_FEATURES, SGLangFeatures, features_for
@@ -128,15 +128,17 @@ class TokenizerLoadError(Exception):
     """The tokenizer cannot be loaded here: a configuration error, not something to wait out."""
 
 
-async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monotonic) -> None:
+async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monotonic,
+                  before_load: Callable[[], None] | None = None) -> None:
     """Retry (with a capped backoff) until SGLang is healthy and discovered. Logs each wait at INFO
-    until `settings.backend_wait_s` has passed, then at WARNING. An unloadable tokenizer raises."""
+    until `settings.backend_wait_s` has passed, then at WARNING. An unloadable tokenizer raises.
+    `before_load` runs in the loading thread once the tokenizer library is imported (_load_tokenizer)."""
     start, delay = clock(), 0.2
     while True:
         try:
             problem = await ctx.client.health_problem()
             if problem is None:
-                await _connect_once(ctx)
+                await _connect_once(ctx, before_load)
                 log.info("serving %s (context %d) from %s: %s", ctx.backend.served_model_name,
                          ctx.backend.max_model_len, ctx.client.base_url, ctx.backend.api.describe())
                 return
@@ -163,16 +165,18 @@ def health_hint(problem: str, base_url: str) -> str:
     return problem
 
 
-def _load_tokenizer(path: str):
-    """In an executor thread. Library loggers are adopted between the import and the load: huggingface_hub
-    gives itself a stderr handler on import, and its download retries would otherwise print twice."""
+def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None):
+    """In an executor thread. The app adopts library loggers here (`before_load`), between the import and
+    the load: huggingface_hub gives itself a stderr handler on import, and its download retries would
+    otherwise print twice."""
     import transformers  # noqa: F401 -- imported here so its loggers exist before they are adopted
 
-    adopt_library_loggers()
+    if before_load is not None:
+        before_load()
     return load_tokenizer(path)
 
 
-async def _connect_once(ctx: ProxyContext) -> None:
+async def _connect_once(ctx: ProxyContext, before_load: Callable[[], None] | None = None) -> None:
     """Discover SGLang, load the tokenizer it names, and set both on the context."""
     backend = await discover(ctx.client, ctx.settings)
     problem = tokenizer_dir_problem(backend.tokenizer_path)
@@ -181,7 +185,7 @@ async def _connect_once(ctx: ProxyContext) -> None:
     ctx.loading_tokenizer = backend.tokenizer_path
     try:
         tokenizer = await asyncio.get_running_loop().run_in_executor(ctx.executor, _load_tokenizer,
-                                                                     backend.tokenizer_path)
+                                                                     backend.tokenizer_path, before_load)
     except Exception as exc:  # noqa: BLE001 -- transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise TokenizerLoadError(f"cannot load the tokenizer {backend.tokenizer_path!r}: {reason} "
@@ -206,11 +210,11 @@ def _tool_parser(ctx: ProxyContext, tokenizer) -> str | None:
     return chosen
 
 
-async def keep_connected(app: web.Application) -> None:
+async def keep_connected(app: web.Application, before_load: Callable[[], None] | None = None) -> None:
     """The background task behind start-up: connect, or report a fatal configuration error."""
     ctx = app[CONTEXT]
     try:
-        await connect(ctx)
+        await connect(ctx, before_load=before_load)
     except TokenizerLoadError as exc:
         ctx.fatal = ctx.last_error = str(exc)
         log.error("%s", exc)

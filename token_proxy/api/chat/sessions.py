@@ -15,7 +15,6 @@ import time
 from aiohttp import web
 
 from token_proxy.http_io import response_headers
-from token_proxy.ops.metrics import METRICS
 from token_proxy.pipeline.output_rules import Output, Usage
 from token_proxy.pipeline.request_stats import RequestStats
 from token_proxy.sessions import (
@@ -28,7 +27,7 @@ from token_proxy.sessions import (
     TemplateCodec,
     session_key,
 )
-from token_proxy.state import SETTINGS, ProxyContext
+from token_proxy.state import REGISTER_COLLECTOR, SETTINGS, ProxyContext
 from token_proxy.tokenization.renderer import ChatPrompt
 
 SESSIONS = web.AppKey("sessions", SessionStore)  # absent when --session-max-bytes is 0
@@ -36,13 +35,13 @@ _RECORDED = ("stop", "length", "tool_calls")
 
 
 def add_sessions(app: web.Application) -> None:
-    """The store on the app and its metrics (call after add_observability: it needs the registry)."""
+    """The store on the app and its metrics (call after add_observability: it sets REGISTER_COLLECTOR)."""
     settings = app[SETTINGS]
     if settings.session_max_bytes <= 0:
         return
     store = SessionStore(settings.session_max_count, settings.session_ttl_s, settings.session_max_bytes)
     app[SESSIONS] = store
-    app[METRICS].registry.register(SessionCollector(store))
+    app[REGISTER_COLLECTOR](SessionCollector(store))
 
 
 class ChatSession:

@@ -1,4 +1,5 @@
-"""Refuse admin requests that would hurt the engine, before they reach SGLang.
+"""Typed checks of JSON bodies and queries (admin routes, LoRA loads, the CLI's true/false words): refuse
+requests that would hurt the engine before they reach SGLang.
 
 A real SGLang server blocks its scheduler indefinitely on an /init_weights_update_group with a
 port or rank that no trainer will ever meet, and treats a weight path that does not exist as a
@@ -9,8 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from token_proxy.api.fields import bool_word
 from token_proxy.errors import InvalidRequest
+
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def bool_word(value: str) -> bool | None:
+    """A true/false word of a flag or query parameter (any case); None when it is neither."""
+    word = value.lower()
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
+
 
 BACKENDS = ("nccl", "gloo")
 # torch dtype names SGLang's receiver resolves with getattr(torch, name).

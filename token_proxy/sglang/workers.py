@@ -1,0 +1,179 @@
+"""The SGLang workers behind the proxy, and calls fanned out to all of them at once.
+
+The data path goes to one URL (a server or an sglang-router); weight updates, pauses and LoRA loads must
+reach every server. The worker list is the --worker flags, else what the router lists at /workers, else
+the backend itself. The admin plane's state (pause, versions, flushes) is admin/workers.py's, on top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+from aiohttp import web
+
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.settings import Settings
+from token_proxy.sglang.client import SGLangClient
+
+log = logging.getLogger("token_proxy.admin.workers")  # the fan-out's lines keep the admin plane's logger
+
+DISCOVERY_TIMEOUT_S = 10.0
+SERVER_INFO_TIMEOUT_S = 30.0
+
+
+class WorkerFailed(ProxyError):
+    """An admin call failed on one or more workers; the message names each and quotes SGLang."""
+
+    type = "AdminCallFailed"
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(slots=True)
+class WorkerReply:
+    url: str
+    status: int  # 0 when the worker could not be reached or did not answer in time
+    raw: bytes = b""
+    content_type: str = ""
+    error: ProxyError | None = None  # unreachable / timed out
+
+    @property
+    def body(self):
+        if self.content_type == "application/json" or self.raw[:1] in (b"{", b"["):
+            try:
+                return orjson.loads(self.raw)
+            except orjson.JSONDecodeError:
+                pass
+        return self.raw.decode("utf-8", "replace")
+
+    @property
+    def ok(self) -> bool:
+        body = self.body
+        return self.error is None and self.status == 200 and not (
+            isinstance(body, dict) and body.get("success") is False)
+
+    @property
+    def message(self) -> str:
+        """SGLang's own words: `message`, `error_message`, `error.message`, `detail`, or the text."""
+        if self.error is not None:
+            return self.error.message
+        body = self.body
+        if isinstance(body, dict):
+            error = body.get("error")
+            text = (body.get("message") or body.get("error_message") or body.get("detail")
+                    or (error.get("message") if isinstance(error, dict) else error))
+            if text:
+                return str(text)
+        text = body.strip() if isinstance(body, str) else ""
+        return text or f"HTTP {self.status}"
+
+
+@dataclass
+class Workers:
+    """Every SGLang server behind the backend URL, and one call on all of them (the admin plane's base)."""
+
+    settings: Settings
+    client: SGLangClient  # the data-path backend (server or router)
+    # The router answered /workers once (True) or not (False); None: not asked yet.
+    behind_router: bool | None = None
+    spawn: Callable | None = None  # runs background work that outlives a request (the proxy's spawn)
+
+    async def worker_urls(self) -> list[str]:
+        if self.settings.workers:
+            return list(self.settings.workers)
+        if self.behind_router is not False:
+            urls = await self._router_workers()
+            if urls:
+                return urls
+        return [self.client.base_url]
+
+    async def _router_workers(self) -> list[str]:
+        """sglang-router lists its workers at GET /workers; a plain SGLang server answers 404."""
+        try:
+            status, raw, _ = await self.client.call("GET", "/workers", None, DISCOVERY_TIMEOUT_S)
+        except ProxyError as exc:
+            raise WorkerFailed(exc.status, f"cannot list the router's workers: {exc.message}") from exc
+        listed = _listed_urls(raw) if status == 200 else None
+        if self.behind_router is None:
+            self.behind_router = bool(listed)
+            if listed:
+                log.info("admin calls fan out to the router's workers: %s", ", ".join(listed))
+        return listed or []
+
+    async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
+                      timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
+        """The same call on every worker, concurrently (one body each, or one body for all)."""
+        urls = urls if urls is not None else await self.worker_urls()
+        if not isinstance(bodies, list):
+            bodies = [bodies] * len(urls)
+        calls = [self._one(url, method, path, body, timeout_s) for url, body in zip(urls, bodies)]
+        return list(await asyncio.gather(*calls))
+
+    async def _one(self, url: str, method: str, path: str, body: dict | bytes | None,
+                   timeout_s: float) -> WorkerReply:
+        raw = body if body is None or isinstance(body, bytes) else orjson.dumps(body)
+        try:
+            status, data, content_type = await self.client.at(url).call(method, path, raw, timeout_s)
+        except ProxyError as exc:
+            return WorkerReply(url, 0, error=exc)
+        return WorkerReply(url, status, data, content_type)
+
+
+def _listed_urls(raw: bytes) -> list[str] | None:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    workers = data.get("workers") if isinstance(data, dict) else None
+    if not isinstance(workers, list):
+        return None
+    return [w["url"].rstrip("/") for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
+
+
+async def server_infos(plane: Workers, urls: list[str], strict: bool = True) -> list[dict]:
+    """Each worker's /server_info (the flags it runs with). One that cannot say is an error naming it
+    (503 unreachable, else 502), or with strict=False an empty dict (nothing known about it)."""
+    replies = await plane.fan_out("GET", "/server_info", None, SERVER_INFO_TIMEOUT_S, urls)
+    out = []
+    for reply in replies:
+        info = reply.body if reply.ok else None
+        if not isinstance(info, dict):
+            if strict:
+                raise WorkerFailed(503 if reply.error else 502, f"cannot read {reply.url}/server_info: {reply.message}")
+            info = {}
+        out.append(info)
+    return out
+
+
+def raise_for_failures(action: str, replies: list[WorkerReply]) -> None:
+    """Nothing failed, or one error naming every failed worker with SGLang's message.
+
+    Status: 503 if a worker was unreachable (worth a retry), 504 if one timed out, else SGLang's
+    own status (400: the request itself was refused; retrying will not help)."""
+    failed = [r for r in replies if not r.ok]
+    if not failed:
+        return
+    details = "; ".join(f"{r.url}: {r.message}" for r in failed)
+    message = f"{action} failed on {len(failed)} of {len(replies)} worker(s): {details}"
+    raise WorkerFailed(failure_status(failed), message)
+
+
+def failure_status(failed: list[WorkerReply]) -> int:
+    if any(isinstance(r.error, BackendUnavailable) for r in failed):
+        return 503
+    if any(isinstance(r.error, BackendTimeout) for r in failed):
+        return 504
+    codes = [r.status for r in failed if r.status >= 400]
+    if any(code >= 500 for code in codes):
+        return 502  # SGLang's own failure, as on the data path
+    return codes[0] if codes else 400  # a refusal; {"success": false} can come under a 200
+
+
+# The fan-out the admin plane set up (the AdminPlane itself): what LoRA loads and syncs through.
+WORKERS: web.AppKey[Workers] = web.AppKey("sglang_workers", Workers)
