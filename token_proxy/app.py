@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
@@ -14,18 +15,20 @@ from token_proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.ops.auth import ACCESS, AccessPolicy, access_control
 from token_proxy.ops.metrics import METRICS, add_observability, observe_requests
 from token_proxy.ops.middleware import openai_errors
+from token_proxy.role import OWNER, ROLE, Role
 from token_proxy.routes import add_routes
-from token_proxy.serving.role import OWNER, ROLE, WORKER, Role
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient, sglang_sessions
 from token_proxy.sglang.discovery import keep_connected
 from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
 
 
-def create_app(settings: Settings, role: Role | None = None) -> web.Application:
+def create_app(settings: Settings, role: Role | None = None,
+               add_planes: Callable[[web.Application], None] | None = None) -> web.Application:
     """One process's app. `role` (token_proxy/serving/): None or single, everything here; a worker
     (--workers N > 1), the data plane with admin routes forwarded to the owner; the owner, the whole
-    app behind a Unix socket that only workers reach (they checked the keys)."""
+    app behind a Unix socket that only workers reach (they checked the keys). `add_planes(app)` adds
+    the routes (serving/serve.py's planes_for(role)); None: every route (routes.add_routes)."""
     if not settings.backend_url:
         raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
     role = role or Role()
@@ -42,18 +45,7 @@ def create_app(settings: Settings, role: Role | None = None) -> web.Application:
     add_observability(app)  # after _proxy_context: the backend scrape uses its client
     add_sessions(app)  # after add_observability: its metrics go on that registry
     app.on_response_prepare.append(send_response_headers)
-    if role.kind == WORKER:
-        from token_proxy.serving.worker_app import add_worker_plane
-
-        add_routes(app, add_admin=add_worker_plane)
-    elif role.kind == OWNER:
-        from token_proxy.serving.control import add_control_routes, add_control_state
-
-        add_control_routes(app)  # before the admin plane's catch-all pass-through
-        add_routes(app)
-        add_control_state(app)
-    else:
-        add_routes(app)
+    (add_planes or add_routes)(app)
     return app
 
 

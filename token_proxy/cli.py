@@ -10,14 +10,11 @@ so the proxy can be tried on a machine with no GPU.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -379,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
                 from token_proxy.serving.supervisor import serve_workers
 
                 raise SystemExit(serve_workers(settings))
+            from token_proxy.serving.serve import serve
+
             serve(settings, sock)
     except StartupError as exc:
         log.error("token-proxy cannot start: %s", exc)
@@ -416,52 +415,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     sock.set_inheritable(False)
     return sock
-
-
-def serve(settings: Settings, sock: socket.socket, role=None) -> None:
-    from aiohttp import web
-
-    from token_proxy.app import create_app
-    from token_proxy.state import CONTEXT, ON_FATAL
-
-    # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
-    # the collector thousands of times a second under load. Long-lived objects are frozen out of it.
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-    fatal: list[str] = []
-    app = create_app(settings, role)
-
-    def stop(message: str) -> None:  # a configuration error found while connecting: stop serving
-        fatal.append(message)
-        os.kill(os.getpid(), signal.SIGTERM)  # run_app's handler: a graceful stop
-
-    app[ON_FATAL] = stop
-    port = sock.getsockname()[1]
-    worker = f" (worker {role.index})" if role is not None and role.index is not None else ""
-
-    async def say_shutting_down(app: web.Application) -> None:  # SIGTERM / SIGINT: before the drain
-        ctx = app.get(CONTEXT)
-        log.info("token-proxy shutting down%s: not accepting; %d requests in flight get up to %g s "
-                 "(--shutdown-timeout)", worker, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
-
-    app.on_shutdown.append(say_shutting_down)
-    log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
-             settings.host, port, worker, settings.backend_url)
-    web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
-                access_log=None, print=None, loop=new_event_loop())
-    if fatal:  # already logged, in one line, where it was found
-        logging.shutdown()
-        raise SystemExit(2)
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's loop where it is installed (a Linux dependency, as in vLLM and SGLang): a stream's read ->
-    write per token costs ~10 % less CPU on it (bench/RESULTS.md, section 5); else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
 
 
 @contextlib.contextmanager

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from token_proxy.cli import FLAG_GROUPS, new_event_loop, normalise_backend_url, parse_settings
+from token_proxy.cli import FLAG_GROUPS, normalise_backend_url, parse_settings
 from token_proxy.ops.access_log import RepeatFilter
+from token_proxy.serving.serve import new_event_loop
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CLI = [sys.executable, "-m", "token_proxy.cli"]

@@ -53,8 +53,9 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
 
     from token_proxy.app import create_app
     from token_proxy.ops.access_log import ACCESS_LOGGER
+    from token_proxy.role import OWNER, Role
     from token_proxy.serving.metrics_block import WORKER_PIDS
-    from token_proxy.serving.role import OWNER, Role
+    from token_proxy.serving.serve import add_owner_planes
     from token_proxy.state import ON_FATAL
 
     loop = asyncio.get_running_loop()
@@ -65,7 +66,7 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.WARNING)
     gc.freeze()
     control = run_dir / "control.sock"
-    app = create_app(settings, Role(OWNER, control_socket=str(control)))
+    app = create_app(settings, Role(OWNER, control_socket=str(control)), add_owner_planes)
     fatal: list[str] = []
 
     def on_fatal(message: str) -> None:

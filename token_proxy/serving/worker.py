@@ -12,7 +12,7 @@ import socket
 import sys
 from pathlib import Path
 
-from token_proxy.serving.role import WORKER, Role
+from token_proxy.role import WORKER, Role
 
 PR_SET_PDEATHSIG = 1
 
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     run_dir, index = (argv or sys.argv[1:])[:2]
     _end_with_parent()
     settings = pickle.loads((Path(run_dir) / "settings.pickle").read_bytes())
-    from token_proxy.cli import serve
     from token_proxy.ops.access_log import configure_logging
+    from token_proxy.serving.serve import serve
 
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))

@@ -1,0 +1,92 @@
+"""Serving one process: the app for its role (single, owner or worker) on a listening socket, on uvloop
+where it is installed. The CLI runs it for one process; a --workers N worker (worker.py) runs it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+
+from token_proxy.role import OWNER, WORKER, Role
+from token_proxy.settings import Settings
+
+log = logging.getLogger("token_proxy")  # the CLI's start and stop lines
+
+
+def planes_for(role: Role | None) -> Callable | None:
+    """What create_app adds for a role: a worker, the data plane with admin routes forwarded to the owner;
+    the owner, the control routes (before the admin plane's catch-all pass-through), every route, and the
+    control state; None (the app's own add_routes) for a single process."""
+    kind = role.kind if role is not None else None
+    if kind == WORKER:
+        return add_worker_planes
+    if kind == OWNER:
+        return add_owner_planes
+    return None
+
+
+def add_worker_planes(app) -> None:
+    from token_proxy.routes import add_routes
+    from token_proxy.serving.worker_app import add_worker_plane
+
+    add_routes(app, add_admin=add_worker_plane)
+
+
+def add_owner_planes(app) -> None:
+    from token_proxy.routes import add_routes
+    from token_proxy.serving.control import add_control_routes, add_control_state
+
+    add_control_routes(app)  # before the admin plane's catch-all pass-through
+    add_routes(app)
+    add_control_state(app)
+
+
+def serve(settings: Settings, sock: socket.socket, role=None) -> None:
+    from aiohttp import web
+
+    from token_proxy.app import create_app
+    from token_proxy.state import CONTEXT, ON_FATAL
+
+    # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
+    # the collector thousands of times a second under load. Long-lived objects are frozen out of it.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+    fatal: list[str] = []
+    app = create_app(settings, role, planes_for(role))
+
+    def stop(message: str) -> None:  # a configuration error found while connecting: stop serving
+        fatal.append(message)
+        os.kill(os.getpid(), signal.SIGTERM)  # run_app's handler: a graceful stop
+
+    app[ON_FATAL] = stop
+    port = sock.getsockname()[1]
+    worker = f" (worker {role.index})" if role is not None and role.index is not None else ""
+
+    async def say_shutting_down(app: web.Application) -> None:  # SIGTERM / SIGINT: before the drain
+        ctx = app.get(CONTEXT)
+        log.info("token-proxy shutting down%s: not accepting; %d requests in flight get up to %g s "
+                 "(--shutdown-timeout)", worker, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
+
+    app.on_shutdown.append(say_shutting_down)
+    log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
+             settings.host, port, worker, settings.backend_url)
+    web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
+                access_log=None, print=None, loop=new_event_loop())
+    if fatal:  # already logged, in one line, where it was found
+        logging.shutdown()
+        raise SystemExit(2)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's loop where it is installed (a Linux dependency, as in vLLM and SGLang): a stream's read ->
+    write per token costs ~10 % less CPU on it (bench/RESULTS.md, section 5); else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
