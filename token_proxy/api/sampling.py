@@ -1,4 +1,5 @@
-"""vLLM/OpenAI sampling fields: validated into one dataclass, shared by every endpoint."""
+"""vLLM/OpenAI sampling fields: validated into one SamplingRequest (sglang/payload.py, where the pipeline and
+the SGLang payload read it), shared by every endpoint."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from token_proxy.api.fields import (
     token_id_list,
 )
 from token_proxy.errors import InvalidRequest
+from token_proxy.sglang.payload import SamplingRequest
 
 MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_STOP_STRINGS = 32  # SGLang's limit
@@ -66,43 +68,6 @@ def _float(body: dict, key: str) -> float | None:
         raise bad(key, f"must be in ({r.lo:g}, {r.hi:g}], got {value}" if key == "top_p" else
                   f"must be > {r.lo:g}, got {value}")
     return value
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingRequest:
-    n: int = 1
-    max_tokens: int | None = None  # None: the rest of the context, as in vLLM
-    max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
-    min_tokens: int = 0
-    temperature: float | None = None  # None: leave SGLang's (model) default
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    seed: int | None = None
-    logit_bias: dict | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    # SGLang's constraint key (json_schema / regex / ebnf / structural_tag) and its value.
-    constraint: tuple[str, str] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    prompt_logprobs: int | None = None
-    # vLLM's per-request "tokens to batch into each streamed chunk"; SGLang 0.5.17 honours the same
-    # sampling_params.stream_interval (first token at once, then every N, and the last).
-    stream_interval: int | None = None
-
-    @property
-    def proxy_stop_ids(self) -> frozenset[int]:
-        """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
-        vLLM's does not."""
-        return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
 
 
 def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False) -> SamplingRequest:
