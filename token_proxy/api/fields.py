@@ -1,4 +1,5 @@
-"""Small typed readers for JSON request fields: each names the offending parameter on failure.
+"""Small typed readers for JSON request fields: each names the offending parameter on failure; and the
+output options (stream, stream_options, token-id extras) that chat and completions both read.
 
 JSON booleans are not integers here (Python says `True` is an int; OpenAI's schema does not).
 """
@@ -6,6 +7,7 @@ JSON booleans are not integers here (Python says `True` is an int; OpenAI's sche
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from token_proxy.errors import InvalidRequest
@@ -124,3 +126,29 @@ def _check_range(key: str, value, lo, hi) -> None:
 def type_name(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
             float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """What the client asked to see in the answer (all vLLM extras)."""
+
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+def parse_output_options(body: dict) -> OutputOptions:
+    stream = opt_bool(body, "stream", False)
+    options = opt_dict(body, "stream_options")
+    if options is not None and not stream:
+        raise bad("stream_options", "Stream options can only be defined when `stream=True`.")
+    options = options or {}
+    return OutputOptions(
+        stream=stream,
+        include_usage=opt_bool(options, "include_usage", False),
+        continuous_usage_stats=opt_bool(options, "continuous_usage_stats", False),
+        return_token_ids=opt_bool(body, "return_token_ids", False),
+        return_tokens_as_token_ids=opt_bool(body, "return_tokens_as_token_ids", False),
+    )

@@ -12,9 +12,9 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from token_proxy.api.chat.request import ROLES
 from token_proxy.api.completions.request import MAX_PROMPTS
 from token_proxy.api.fields import INT64_MAX, INT64_MIN
+from token_proxy.api.messages import ROLES
 from token_proxy.api.sampling import MAX_STOP_STRINGS, RANGES, Range
 from token_proxy.errors import BackendUnavailable
 from token_proxy.http_io import json_response, routes_where
