@@ -37,8 +37,6 @@ from token_proxy.ops.metrics import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
 from token_proxy.sglang.discovery import CONTEXT
 
-__all__ = ["ADMIN", "INFERENCE", "OPS", "ROUTES", "TOKENIZER", "Route", "add_routes", "route_class"]
-
 # Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
 # (a worker forwards it there over the owner's socket: serving/worker_app.py).
 LOCAL, OWNER = "local", "owner"
