@@ -24,7 +24,7 @@ import urllib.request
 
 from token_proxy.checks import bool_word
 from token_proxy.ops.access_log import configure_logging
-from token_proxy.settings import Settings
+from token_proxy.settings import SGLANG_PAUSE_MODES, Settings, one_of
 from token_proxy.tokenization.loader import tokenizer_dir_problem
 from token_proxy.tools import REASONING_PARSERS, TOOL_PARSERS
 
@@ -104,7 +104,7 @@ FLAG_GROUPS = (
     )),
     ("weights", (
         ("--worker", "workers", url_list, "repeatable: an SGLang server admin calls fan out to"),
-        ("--pause-mode", "pause_mode", str, "SGLang pause mode behind /pause: retract, in_place or abort"),
+        ("--pause-mode", "pause_mode", str, f"SGLang pause mode behind /pause: {one_of(SGLANG_PAUSE_MODES)}"),
         ("--admin-timeout", "admin_timeout_s", float, "seconds one admin call (pause, resume, ...) may take"),
         ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
         ("--init-group-timeout", "init_group_timeout_s", float, ("seconds joining a weight-update group may "

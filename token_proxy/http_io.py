@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Protocol
 
 import orjson
 from aiohttp import web
@@ -49,6 +50,44 @@ def _encodable(body: dict) -> bool:
     except orjson.JSONEncodeError:
         return False
     return True
+
+
+# --- the route table's flags, as request data --------------------------------------------------------
+# routes.add_routes fills ROUTE_TABLE (path -> routes.Route); the middleware (ops/) reads a route's flags
+# here, so it never imports routes.py (which is above it: it imports the handlers).
+
+INFERENCE, TOKENIZER, ADMIN, OPS = "inference", "tokenizer", "admin", "ops"  # a route's class (`kind`)
+
+
+class RouteFlags(Protocol):
+    """What the middleware reads of a routes.Route."""
+
+    path: str
+    kind: str  # INFERENCE (API key + an admission slot) / TOKENIZER (API key) / ADMIN (admin key) / OPS
+    quiet: bool  # its access line logs at DEBUG (probes and scrapes)
+    served: bool  # the proxy answers it itself (not only listed for its class)
+    weight_update: bool  # swaps weights: timed and counted by the metrics
+    sets_version: bool  # SGLang may serve another weight version after it
+    in_openapi: bool  # described by GET /openapi.json
+
+
+ROUTE_TABLE = web.AppKey("route_table", dict)  # path -> routes.Route
+
+
+def route_of(app: web.Application, path: str) -> RouteFlags | None:
+    table = app.get(ROUTE_TABLE)
+    return None if table is None else table.get(path)
+
+
+def route_kind(app: web.Application, path: str) -> str:
+    """A path the table does not list is the admin plane's (its pass-through to SGLang included)."""
+    route = route_of(app, path)
+    return ADMIN if route is None else route.kind
+
+
+def routes_where(app: web.Application, flag: str) -> list[str]:
+    """The paths of the rows with `flag` set, in table order."""
+    return [path for path, route in app.get(ROUTE_TABLE, {}).items() if getattr(route, flag)]
 
 
 RESPONSE_HEADERS = web.RequestKey("response_headers", dict)

@@ -1,9 +1,12 @@
-"""The proxy's route table: per route its path, methods, handler and class. Auth, admission and
-metrics read the class from here; a wrong method on a listed route answers 405 with `Allow`.
+"""The proxy's one route table: per route its path, methods, handler, class and flags, data plane and
+admin plane (every dialect) alike. add_routes registers the rows and puts the table on the app
+(http_io.ROUTE_TABLE), where the middleware reads a route's flags: auth and admission its class,
+the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows, openapi
+`in_openapi`; a --workers process forwards the `worker=OWNER` rows to the admin owner.
 
 Classes: inference (generates tokens: the API key, and an admission slot), tokenizer (data-plane
 reads: the API key), admin (control plane: the admin key), ops (public probes and metrics).
-Paths not listed are the admin plane's (proxy/admin/, including the pass-through to SGLang).
+Paths not listed are the admin plane's pass-through to SGLang (class admin).
 """
 
 from __future__ import annotations
@@ -13,7 +16,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from token_proxy.admin.routes import add_admin_routes
+from token_proxy.admin import removed_routes, vllm_rl
+from token_proxy.admin import routes as prime_rl
+from token_proxy.admin.forward import add_passthrough, forwarded
+from token_proxy.admin.routes import add_admin_state
 from token_proxy.api.chat.endpoint import (
     chat_completions,
     chat_completions_render,
@@ -23,14 +29,19 @@ from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed
-from token_proxy.http_io import json_response
+from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, json_response
+from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
 from token_proxy.ops.metrics import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
 from token_proxy.state import CONTEXT
 
-INFERENCE, TOKENIZER, ADMIN, OPS = "inference", "tokenizer", "admin", "ops"
+# Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
+# (a worker forwards it there over the owner's socket: serving/worker_app.py).
+LOCAL, OWNER = "local", "owner"
+# A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
+PRIME_RL, VLLM, SGLANG, INTERNAL = "prime-rl", "vllm", "sglang", "internal"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -61,34 +72,109 @@ async def health(request: web.Request) -> web.Response:
 class Route:
     path: str
     methods: tuple[str, ...]
-    handler: Handler | None  # None: served by the admin plane or SGLang (pass-through); listed for its class
+    handler: Handler | None  # None: SGLang answers it (the pass-through); listed for its class and flags
     kind: str  # INFERENCE / TOKENIZER / ADMIN / OPS
+    quiet: bool = False  # probes and scrapes would drown the requests that matter: logged at DEBUG
+    weight_update: bool = False  # swaps weights: the metrics time and count it, then re-read the version
+    sets_version: bool = False  # SGLang may serve another weight version after it: the gauge is re-read
+    dialect: str | None = None
+    worker: str = LOCAL
+    in_openapi: bool = False  # GET /openapi.json describes it
+
+    @property
+    def served(self) -> bool:
+        """The proxy answers it itself (a row with no handler is only listed)."""
+        return self.handler is not None
+
+
+POST, GET, GET_POST = ("POST",), ("GET",), ("GET", "POST")
+
+
+def _sglang(path: str, methods: tuple[str, ...] = POST, kind: str = ADMIN, **flags) -> Route:
+    """One of SGLang's native admin routes, forwarded to every worker (admin/forward.py's FORWARDS)."""
+    return Route(path, methods, forwarded(path), kind, dialect=SGLANG, worker=OWNER, **flags)
+
+
+def _admin(path: str, methods: tuple[str, ...], handler: Handler, dialect: str, kind: str = ADMIN, **flags) -> Route:
+    return Route(path, methods, handler, kind, dialect=dialect, worker=OWNER, **flags)
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("/v1/chat/completions", ("POST",), chat_completions, INFERENCE),
-    Route("/v1/chat/completions/tokens", ("POST",), chat_completions_tokens, INFERENCE),
-    Route("/v1/chat/completions/render", ("POST",), chat_completions_render, TOKENIZER),  # renders, no SGLang
-    Route("/v1/completions", ("POST",), completions, INFERENCE),
-    Route("/inference/v1/generate", ("POST",), generate_tokens, INFERENCE),
-    *(Route(f"{prefix}/{name}", ("POST",), handler, TOKENIZER)
+    # --- the data plane (every process answers it; a wrong method is a 405 with Allow) ---
+    Route("/v1/chat/completions", POST, chat_completions, INFERENCE, in_openapi=True),
+    Route("/v1/chat/completions/tokens", POST, chat_completions_tokens, INFERENCE, in_openapi=True),
+    Route("/v1/chat/completions/render", POST, chat_completions_render, TOKENIZER, in_openapi=True),  # no SGLang
+    Route("/v1/completions", POST, completions, INFERENCE, in_openapi=True),
+    Route("/inference/v1/generate", POST, generate_tokens, INFERENCE, in_openapi=True),
+    *(Route(f"{prefix}/{name}", POST, handler, TOKENIZER, in_openapi=True)
       for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
-    Route("/v1/models", ("GET",), list_models, TOKENIZER),
-    Route("/openapi.json", ("GET",), openapi_json, OPS),
-    Route("/health", ("GET",), health, OPS),
-    Route("/metrics", ("GET",), metrics_endpoint, OPS),
-    Route("/liveness", ("GET",), None, OPS),  # prime-rl's; the admin plane asks every worker
-    Route("/ping", ("GET",), None, OPS),
-    # SGLang's own data-plane routes, reached through the pass-through:
-    Route("/generate", ("POST",), None, INFERENCE),
-    *(Route(path, ("GET",), None, TOKENIZER) for path in (
-        "/model_info", "/get_model_info", "/server_info", "/get_server_info", "/get_load", "/health_generate")),
+    Route("/v1/models", GET, list_models, TOKENIZER, in_openapi=True),
+    Route("/openapi.json", GET, openapi_json, OPS),
+    Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
+    Route("/metrics", GET, metrics_endpoint, OPS, quiet=True),
+    # --- prime-rl's admin plane (admin/routes.py); /pause, /resume, /update_weights speak vLLM's too ---
+    _admin("/pause", POST, prime_rl.pause, PRIME_RL),
+    _admin("/resume", POST, prime_rl.resume, PRIME_RL),
+    _admin("/update_weights", POST, prime_rl.update_weights, PRIME_RL, weight_update=True),
+    _admin("/reload_weights", POST, prime_rl.reload_weights, PRIME_RL, weight_update=True),
+    _admin("/init_broadcaster", POST, prime_rl.init_broadcaster, PRIME_RL),
+    _admin("/liveness", GET, prime_rl.liveness, PRIME_RL, kind=OPS),  # asks every worker
+    # --- vLLM 0.33's RL admin API (admin/vllm_rl.py) ---
+    _admin("/is_paused", GET, vllm_rl.is_paused, VLLM),
+    _admin("/abort_requests", POST, vllm_rl.abort_requests, VLLM),
+    _admin("/sleep", POST, vllm_rl.sleep, VLLM),
+    _admin("/wake_up", POST, vllm_rl.wake_up, VLLM),
+    _admin("/is_sleeping", GET, vllm_rl.is_sleeping, VLLM),
+    _admin("/release_kv_cache_memory", POST, vllm_rl.release_kv_cache_memory, VLLM),
+    _admin("/reset_prefix_cache", POST, vllm_rl.reset_prefix_cache, VLLM),
+    _admin("/init_weight_transfer_engine", POST, vllm_rl.init_weight_transfer_engine, VLLM),
+    _admin("/shutdown_weight_transfer_engine", POST, vllm_rl.shutdown_weight_transfer_engine, VLLM),
+    _admin("/start_weight_update", POST, vllm_rl.start_weight_update, VLLM),
+    _admin("/start_draft_weight_update", POST, vllm_rl.start_draft_weight_update, VLLM),
+    _admin("/finish_weight_update", POST, vllm_rl.finish_weight_update, VLLM),
+    _admin("/weight_info", GET, vllm_rl.weight_info, VLLM),
+    _admin("/weight_checker", POST, vllm_rl.weight_checker, VLLM),
+    _admin("/get_world_size", GET, vllm_rl.get_world_size, VLLM),
+    _admin("/collective_rpc", POST, vllm_rl.collective_rpc, VLLM),
+    # --- LoRA, one registry behind both dialects (lora/routes.py) ---
+    _admin("/v1/load_lora_adapter", POST, lora.load_v1, VLLM),
+    _admin("/v1/unload_lora_adapter", POST, lora.unload_v1, VLLM),
+    _admin("/load_lora_adapter", POST, lora.load_in_place, SGLANG),
+    _admin("/unload_lora_adapter", POST, lora.unload_sglang, SGLANG),
+    # --- SGLang's native admin routes, forwarded to every worker (admin/forward.py) ---
+    _sglang("/update_weights_from_disk", weight_update=True),
+    _sglang("/init_weights_update_group"),
+    _sglang("/update_weights_from_distributed", weight_update=True),
+    _sglang("/begin_weight_update"),  # SGLang 0.5.21+
+    _sglang("/end_weight_update"),
+    _sglang("/destroy_weights_update_group"),
+    _sglang("/update_weight_version", sets_version=True),
+    _sglang("/pause_generation"),
+    _sglang("/continue_generation"),
+    _sglang("/flush_cache", GET_POST),
+    _sglang("/release_memory_occupation", GET_POST),
+    _sglang("/resume_memory_occupation", GET_POST),
+    _sglang("/get_weights_by_name", GET_POST),
+    *(_sglang(path, GET, kind=TOKENIZER) for path in ("/model_info", "/get_model_info", "/server_info",
+                                                       "/get_server_info")),
+    # --- routes SGLang 0.5.21 deleted, answered in their old shape (admin/removed_routes.py) ---
+    _admin("/get_load", GET, removed_routes.get_load, SGLANG, kind=TOKENIZER),
+    _admin("/clear_hicache_storage_backend", GET_POST, removed_routes.clear_hicache_storage_backend, SGLANG),
+    _admin("/get_weight_version", GET, removed_routes.weight_version, SGLANG),
+    _admin("/weight_version", GET, removed_routes.weight_version, SGLANG),
+    # --- SGLang's own routes, reached through the pass-through: listed for their class and flags ---
+    Route("/generate", POST, None, INFERENCE, dialect=SGLANG, worker=OWNER),
+    Route("/health_generate", GET, None, TOKENIZER, dialect=SGLANG, worker=OWNER),
+    Route("/ping", GET, None, OPS, dialect=SGLANG, worker=OWNER),
+    Route("/update_weights_from_tensor", POST, None, ADMIN, weight_update=True, dialect=SGLANG, worker=OWNER),
 )
-_CLASS_OF = {route.path: route.kind for route in ROUTES}
+_TABLE = {route.path: route for route in ROUTES}
 
 
 def route_class(path: str) -> str:
-    return _CLASS_OF.get(path, ADMIN)
+    """The class of `path` in this table (the middleware reads the app's copy: http_io.route_kind)."""
+    route = _TABLE.get(path)
+    return ADMIN if route is None else route.kind
 
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
@@ -98,15 +184,36 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
     return refuse
 
 
-def add_routes(app: web.Application, add_admin: Callable[[web.Application], None] = add_admin_routes) -> None:
-    """The table's routes, then the admin plane's (`add_admin`: a --workers process forwards them)."""
-    for route in ROUTES:
+def add_rows(app: web.Application, rows) -> None:
+    """Register the served rows and list every row in the app's table (http_io.ROUTE_TABLE). A LOCAL
+    row answers a wrong method with 405 and Allow; an OWNER row leaves it to the pass-through."""
+    table = app.get(ROUTE_TABLE)
+    if table is None:
+        table = app[ROUTE_TABLE] = {}
+    for route in rows:
+        table[route.path] = route
         if route.handler is None:
             continue
-        allowed = route.methods + (("HEAD",) if "GET" in route.methods else ())
         for method in route.methods:
             app.router.add_route(method, route.path, route.handler)
-        if "GET" in route.methods:
-            app.router.add_route("HEAD", route.path, route.handler)
-        app.router.add_route("*", route.path, method_not_allowed(allowed))
-    add_admin(app)  # last: it ends with the catch-all pass-through to SGLang
+        if route.worker == LOCAL:
+            if "GET" in route.methods:
+                app.router.add_route("HEAD", route.path, route.handler)
+            allowed = route.methods + (("HEAD",) if "GET" in route.methods else ())
+            app.router.add_route("*", route.path, method_not_allowed(allowed))
+
+
+def add_admin_plane(app: web.Application) -> None:
+    """This process answers the admin plane: its state, its rows, then (last: aiohttp matches in order)
+    the pass-through of every other route to SGLang."""
+    add_admin_state(app)
+    add_rows(app, [route for route in ROUTES if route.worker == OWNER])
+    add_passthrough(app)
+
+
+def add_routes(app: web.Application, add_admin: Callable[[web.Application], None] = add_admin_plane) -> None:
+    """The LOCAL rows, then the admin plane's (`add_admin`: a --workers process forwards the OWNER rows).
+    The whole table goes on the app whoever answers a row: a worker checks keys and logs as the owner would."""
+    add_rows(app, [route for route in ROUTES if route.worker == LOCAL])
+    app[ROUTE_TABLE].update(_TABLE)
+    add_admin(app)

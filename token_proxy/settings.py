@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# SGLang's /pause_generation modes: the values of --pause-mode (sglang/pause.py maps the admin dialects' onto them).
+SGLANG_PAUSE_MODES = ("retract", "in_place", "abort")
+
+
+def one_of(names) -> str:
+    """`a, b or c`: the allowed values in an error or a help text."""
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -135,8 +143,8 @@ class Settings:
             raise ValueError("backend metrics interval must be >= 0 and staleness > 0")
         if self.tool_call_streaming not in ("fragments", "whole"):
             raise ValueError(f"tool_call_streaming must be fragments or whole, got {self.tool_call_streaming!r}")
-        if self.pause_mode not in ("retract", "in_place", "abort"):
-            raise ValueError(f"pause_mode must be retract, in_place or abort, got {self.pause_mode!r}")
+        if self.pause_mode not in SGLANG_PAUSE_MODES:
+            raise ValueError(f"pause_mode must be {one_of(SGLANG_PAUSE_MODES)}, got {self.pause_mode!r}")
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
             raise ValueError("admin timeouts must be positive")
         _check_tool_flags(self)

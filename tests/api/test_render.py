@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 
 from token_proxy.api.chat.render import vllm_sampling_params
-from token_proxy.api.sampling import SamplingRequest
+from token_proxy.sglang.payload import SamplingRequest
 from token_proxy.simulator import SIM_STATE
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]

@@ -9,6 +9,7 @@ import pytest
 
 from token_proxy.ops.admission import ADMISSION, Admission, Overloaded
 from token_proxy.ops.auth import AccessPolicy, Forbidden, Unauthorized
+from token_proxy.routes import route_class
 from token_proxy.simulator import SIM_STATE
 
 USER = [{"role": "user", "content": "hi"}]
@@ -33,10 +34,10 @@ USER = [{"role": "user", "content": "hi"}]
 ])
 def test_access_policy(policy, path, auth, remote, error):
     if error is None:
-        policy.check(path, auth, remote)
+        policy.check(path, auth, remote, route_class(path))
     else:
         with pytest.raises(error) as exc:
-            policy.check(path, auth, remote)
+            policy.check(path, auth, remote, route_class(path))
         for secret in ("key-123", "adm-456", "wrong-789"):
             assert secret not in exc.value.message  # nothing secret echoed
 

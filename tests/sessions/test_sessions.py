@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.sessions.test_multiturn import EOS, THINKING_TEMPLATE
-from token_proxy.api.chat.request import parse_messages
+from token_proxy.api.messages import parse_messages
 from token_proxy.sessions import (
     HEADER,
     RESPONSE_FIELD,

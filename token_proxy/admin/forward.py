@@ -28,7 +28,8 @@ After = Callable[[AdminPlane, dict, list[WorkerReply]], None]
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    methods: tuple[str, ...]
+    """How one SGLang admin route is forwarded; its methods, class and flags are its row in routes.py."""
+
     path: str
     timeout: str  # the Settings field bounding the call, or "short"
     fan_out: bool = True  # False: the first worker answers (reads)
@@ -123,34 +124,39 @@ def note_session_closed(plane: AdminPlane, body: dict, replies: list[WorkerReply
     weight_session.note_client_session(plane, weight_session.END, replies)
 
 
-# /load_lora_adapter and /unload_lora_adapter: the LoRA registry owns them (lora_routes.py).
-FORWARDS = (
-    Forward(("POST",), "/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
+# /load_lora_adapter and /unload_lora_adapter: the LoRA registry owns them (lora/routes.py).
+FORWARDS = {row.path: row for row in (
+    Forward("/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
             after=note_version),
-    Forward(("POST",), "/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
+    Forward("/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
             after=note_group),
-    Forward(("POST",), "/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
+    Forward("/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
             after=note_step, session=True),
     # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
-    Forward(("POST",), "/begin_weight_update", "admin_timeout_s", after=note_session_open),
-    Forward(("POST",), "/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
-    Forward(("POST",), "/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
-    Forward(("POST",), "/update_weight_version", "admin_timeout_s", after=note_new_version),
-    Forward(("POST",), "/pause_generation", "admin_timeout_s", after=note_pause),
-    Forward(("POST",), "/continue_generation", "admin_timeout_s", after=note_continue),
-    Forward(("GET", "POST"), "/flush_cache", "admin_timeout_s"),
-    Forward(("GET", "POST"), "/release_memory_occupation", "weight_update_timeout_s"),
-    Forward(("GET", "POST"), "/resume_memory_occupation", "weight_update_timeout_s"),
-    Forward(("GET", "POST"), "/get_weights_by_name", "admin_timeout_s", fan_out=False),
-    Forward(("GET",), "/model_info", "short", fan_out=False),
-    Forward(("GET",), "/get_model_info", "short", fan_out=False),
-    Forward(("GET",), "/server_info", "short", fan_out=False),
-    Forward(("GET",), "/get_server_info", "short", fan_out=False),
-)
+    Forward("/begin_weight_update", "admin_timeout_s", after=note_session_open),
+    Forward("/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
+    Forward("/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
+    Forward("/update_weight_version", "admin_timeout_s", after=note_new_version),
+    Forward("/pause_generation", "admin_timeout_s", after=note_pause),
+    Forward("/continue_generation", "admin_timeout_s", after=note_continue),
+    Forward("/flush_cache", "admin_timeout_s"),
+    Forward("/release_memory_occupation", "weight_update_timeout_s"),
+    Forward("/resume_memory_occupation", "weight_update_timeout_s"),
+    Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False),
+    Forward("/model_info", "short", fan_out=False),
+    Forward("/get_model_info", "short", fan_out=False),
+    Forward("/server_info", "short", fan_out=False),
+    Forward("/get_server_info", "short", fan_out=False),
+)}
 
 
 def timeout_of(plane: AdminPlane, name: str) -> float:
     return SHORT_TIMEOUT_S if name == "short" else getattr(plane.settings, name)
+
+
+def forwarded(path: str):
+    """The handler of FORWARDS' row for `path` (routes.py's table names it per route)."""
+    return forwarder(FORWARDS[path])
 
 
 def forwarder(row: Forward):
@@ -241,13 +247,6 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
 
 def _kept(headers) -> CIMultiDict:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP)
-
-
-def add_forward_routes(app: web.Application) -> None:
-    for row in FORWARDS:
-        handler = forwarder(row)
-        for method in row.methods:
-            app.router.add_route(method, row.path, handler)
 
 
 def add_passthrough(app: web.Application) -> None:

@@ -89,18 +89,3 @@ def _as_is(status: int, raw: bytes, content_type: str) -> web.Response:
     response = web.Response(status=status, body=raw)
     response.content_type = content_type or "application/octet-stream"
     return response
-
-
-REMOVED_ROUTES = (
-    ("GET", "/get_load", get_load),
-    ("GET", "/clear_hicache_storage_backend", clear_hicache_storage_backend),
-    ("POST", "/clear_hicache_storage_backend", clear_hicache_storage_backend),
-    ("GET", "/get_weight_version", weight_version),
-    ("GET", "/weight_version", weight_version),
-)
-
-
-def add_removed_routes(app: web.Application) -> None:
-    """Before the pass-through (aiohttp matches in order)."""
-    for method, path, handler in REMOVED_ROUTES:
-        app.router.add_route(method, path, handler)

@@ -16,17 +16,12 @@ from aiohttp import web
 from token_proxy import checks as check
 from token_proxy.admin import fleet, vllm_rl
 from token_proxy.admin.flush import read_pending
-from token_proxy.admin.forward import (
-    add_forward_routes,
-    add_passthrough,
-    group_bodies,
-    note_group,
-)
-from token_proxy.admin.removed_routes import add_removed_routes
+from token_proxy.admin.forward import group_bodies, note_group
 from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import InvalidRequest, ProxyError
 from token_proxy.http_io import json_response, read_json
-from token_proxy.lora.routes import add_lora_routes
+from token_proxy.lora.routes import add_lora_admin
+from token_proxy.sglang.pause import PRIME_RL, to_sglang
 from token_proxy.sglang.workers import WORKERS, WorkerFailed, raise_for_failures
 from token_proxy.state import CONTEXT
 
@@ -35,8 +30,6 @@ log = logging.getLogger(__name__)
 LIVENESS_TIMEOUT_S = 10.0
 NCCL_READY_MARKER = "NCCL_READY"  # prime-rl touches it in weight_dir before an NCCL push
 _STEP = re.compile(r"step_(\d+)")
-# prime-rl / vLLM pause modes -> SGLang's; "keep" is the configured default (--pause-mode).
-_PAUSE_MODES = {"abort": "abort", "retract": "retract", "in_place": "in_place"}
 
 
 async def pause(request: web.Request) -> web.Response:
@@ -45,17 +38,10 @@ async def pause(request: web.Request) -> web.Response:
     if vllm_rl.is_vllm_pause(request):
         return await vllm_rl.pause(request)
     plane = request.app[ADMIN]
-    mode = _pause_mode(plane, (await _optional_json(request)).get("mode"))
+    requested = (await _optional_json(request)).get("mode")
+    mode = to_sglang("keep" if requested is None else requested, PRIME_RL, plane.settings.pause_mode)
     await fleet.pause_workers(plane, mode, await plane.worker_urls())
     return json_response({"status": "paused"})
-
-
-def _pause_mode(plane: AdminPlane, requested) -> str:
-    if requested in (None, "keep"):
-        return plane.settings.pause_mode
-    if requested not in _PAUSE_MODES:
-        raise InvalidRequest(f"mode must be keep, abort, retract or in_place, got {requested!r}", param="mode")
-    return _PAUSE_MODES[requested]
 
 
 async def resume(request: web.Request) -> web.Response:
@@ -169,27 +155,12 @@ async def _optional_json(request: web.Request) -> dict:
     return await read_json(request) if (await request.read()).strip() else {}
 
 
-PRIME_RL_ROUTES = (
-    ("POST", "/pause", pause),
-    ("POST", "/resume", resume),
-    ("POST", "/update_weights", update_weights),
-    ("POST", "/reload_weights", reload_weights),
-    ("POST", "/init_broadcaster", init_broadcaster),
-    ("GET", "/liveness", liveness),
-)
-
-
-def add_admin_routes(app: web.Application) -> None:
-    """prime-rl's endpoints, LoRA's (both dialects), SGLang's forwarded ones, then (last) the
-    pass-through of the rest."""
+def add_admin_state(app: web.Application) -> None:
+    """What the admin plane's routes (routes.py's rows: prime-rl's, vLLM's, LoRA's, SGLang's) use:
+    the worker fan-out, then the LoRA admin on top of it, and the vLLM dialect's state."""
     app.cleanup_ctx.append(_admin_plane)
-    for method, path, handler in PRIME_RL_ROUTES:
-        app.router.add_route(method, path, handler)
-    vllm_rl.add_vllm_rl_routes(app)
-    add_lora_routes(app)
-    add_forward_routes(app)
-    add_removed_routes(app)
-    add_passthrough(app)
+    vllm_rl.add_vllm_rl_state(app)
+    add_lora_admin(app)
 
 
 async def _admin_plane(app: web.Application):

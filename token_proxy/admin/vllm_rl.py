@@ -52,13 +52,13 @@ from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.http_io import json_response, read_json
+from token_proxy.sglang.pause import VLLM, checked_mode, to_sglang
 from token_proxy.sglang.workers import WorkerFailed, failure_status, raise_for_failures, server_infos
 from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
 
 GROUP = "weight_update_group"
-PAUSE_MODES = ("abort", "wait", "keep", "retract", "in_place")  # vLLM's three, then SGLang's own two
 # vLLM's executor sleeps these two (SLEEP_TAGS) and serves once both are awake. SGLang also releases its CUDA
 # graphs' memory, which vLLM does not name: it goes and comes back with kv_cache, so that weights alone can be
 # woken to receive an update while the trainer still holds the GPU (SkyRL's and slime's order), and kv_cache
@@ -124,7 +124,7 @@ def note_awake(app: web.Application) -> None:
 
 async def pause(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
-    mode = _mode(request.query.get("mode", "abort"))
+    mode = checked_mode(request.query.get("mode", "abort"), VLLM)
     clear_cache = check.query_flag(request.query, "clear_cache", True)
     urls = await plane.worker_urls()
     await pause_fleet(plane, mode, urls)
@@ -136,7 +136,7 @@ async def pause(request: web.Request) -> web.Response:
 async def pause_fleet(plane: AdminPlane, mode: str, urls: list[str]) -> None:
     if mode == "wait":
         await wait_idle(plane, urls, plane.settings.admin_timeout_s, "pause?mode=wait")
-    native = {"keep": plane.settings.pause_mode, "wait": "in_place"}.get(mode, mode)
+    native = to_sglang(mode, VLLM, plane.settings.pause_mode)
     await fleet.pause_workers(plane, native, urls)
 
 
@@ -172,7 +172,7 @@ async def sleep(request: web.Request) -> web.Response:
     """Level 0: pause scheduling only. Level 1: weights to CPU, KV cache dropped. Level 2: drop all."""
     plane, state = request.app[ADMIN], request.app[VLLM_RL]
     level = _int_query(request, "level", 1, 0, 2)
-    mode = _mode(request.query.get("mode", "abort"))
+    mode = checked_mode(request.query.get("mode", "abort"), VLLM)
     urls = await plane.worker_urls()
     if level >= 1:
         await _check_can_release(plane, urls, mode, need_cpu_backup=level == 1)
@@ -512,13 +512,6 @@ async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action
         await asyncio.sleep(IDLE_POLL_S)
 
 
-def _mode(value: str) -> str:
-    if value not in PAUSE_MODES:
-        raise InvalidRequest(f"mode must be abort, wait or keep (or SGLang's retract, in_place), got {value!r}",
-                             param="mode")
-    return value
-
-
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     value = request.query.get(name)
     if value is None:
@@ -538,29 +531,8 @@ def _object(value, param: str) -> dict:
     return value
 
 
-VLLM_RL_ROUTES = (
-    ("GET", "/is_paused", is_paused),
-    ("POST", "/abort_requests", abort_requests),
-    ("POST", "/sleep", sleep),
-    ("POST", "/wake_up", wake_up),
-    ("GET", "/is_sleeping", is_sleeping),
-    ("POST", "/release_kv_cache_memory", release_kv_cache_memory),
-    ("POST", "/reset_prefix_cache", reset_prefix_cache),
-    ("POST", "/init_weight_transfer_engine", init_weight_transfer_engine),
-    ("POST", "/shutdown_weight_transfer_engine", shutdown_weight_transfer_engine),
-    ("POST", "/start_weight_update", start_weight_update),
-    ("POST", "/start_draft_weight_update", start_draft_weight_update),
-    ("POST", "/finish_weight_update", finish_weight_update),
-    ("GET", "/weight_info", weight_info),
-    ("POST", "/weight_checker", weight_checker),
-    ("GET", "/get_world_size", get_world_size),
-    ("POST", "/collective_rpc", collective_rpc),
-)
-
-
-def add_vllm_rl_routes(app: web.Application) -> None:
-    """vLLM's routes; /pause, /resume and /update_weights are routes.py's (both dialects)."""
+def add_vllm_rl_state(app: web.Application) -> None:
+    """The state vLLM's routes share (their rows are in token_proxy/routes.py; /pause, /resume and
+    /update_weights are admin/routes.py's, both dialects)."""
     app[VLLM_RL] = VllmRlState()
-    for method, path, handler in VLLM_RL_ROUTES:
-        app.router.add_route(method, path, handler)
 

@@ -1,4 +1,5 @@
-"""Small typed readers for JSON request fields: each names the offending parameter on failure.
+"""Small typed readers for JSON request fields: each names the offending parameter on failure; and the
+output options (stream, stream_options, token-id extras) that chat and completions both read.
 
 JSON booleans are not integers here (Python says `True` is an int; OpenAI's schema does not).
 """
@@ -6,16 +7,15 @@ JSON booleans are not integers here (Python says `True` is an int; OpenAI's sche
 from __future__ import annotations
 
 import math
-import re
+from dataclasses import dataclass
 from typing import Any
 
 from token_proxy.errors import InvalidRequest
+from token_proxy.ids import checked_id
 
 _MISSING = object()
 # Integers go to SGLang as JSON; past 64 bits the proxy could not even encode them.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-MAX_REQUEST_ID_CHARS = 256  # the id becomes the X-Request-Id response header
-_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def bad(param: str, message: str) -> InvalidRequest:
@@ -70,9 +70,7 @@ def opt_str(body: dict, key: str, default: str | None = None) -> str | None:
 def opt_request_id(body: dict, key: str = "request_id") -> str | None:
     """A client-chosen id: it is sent back as a header, so control characters would break the response."""
     value = opt_str(body, key)
-    if value is not None and (len(value) > MAX_REQUEST_ID_CHARS or _CONTROL_CHARS.search(value)):
-        raise bad(key, f"must be at most {MAX_REQUEST_ID_CHARS} characters, none of them control characters")
-    return value
+    return None if value is None else checked_id(value, key)
 
 
 def opt_dict(body: dict, key: str) -> dict | None:
@@ -119,3 +117,29 @@ def _check_range(key: str, value, lo, hi) -> None:
 def type_name(value: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
             float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """What the client asked to see in the answer (all vLLM extras)."""
+
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+
+def parse_output_options(body: dict) -> OutputOptions:
+    stream = opt_bool(body, "stream", False)
+    options = opt_dict(body, "stream_options")
+    if options is not None and not stream:
+        raise bad("stream_options", "Stream options can only be defined when `stream=True`.")
+    options = options or {}
+    return OutputOptions(
+        stream=stream,
+        include_usage=opt_bool(options, "include_usage", False),
+        continuous_usage_stats=opt_bool(options, "continuous_usage_stats", False),
+        return_token_ids=opt_bool(body, "return_token_ids", False),
+        return_tokens_as_token_ids=opt_bool(body, "return_tokens_as_token_ids", False),
+    )

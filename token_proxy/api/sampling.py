@@ -1,4 +1,5 @@
-"""vLLM/OpenAI sampling fields: validated into one dataclass, shared by every endpoint."""
+"""vLLM/OpenAI sampling fields: validated into one SamplingRequest (sglang/payload.py, where the pipeline and
+the SGLang payload read it), shared by every endpoint."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from token_proxy.api.fields import (
     token_id_list,
 )
 from token_proxy.errors import InvalidRequest
+from token_proxy.sglang.payload import SamplingRequest
 
 MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_STOP_STRINGS = 32  # SGLang's limit
@@ -22,40 +24,50 @@ MAX_N = 1024  # samples per request (the native pass-through keeps to it too: ad
 
 
 @dataclass(frozen=True, slots=True)
-class SamplingRequest:
-    n: int = 1
-    max_tokens: int | None = None  # None: the rest of the context, as in vLLM
-    max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
-    min_tokens: int = 0
-    temperature: float | None = None  # None: leave SGLang's (model) default
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    seed: int | None = None
-    logit_bias: dict | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    # SGLang's constraint key (json_schema / regex / ebnf / structural_tag) and its value.
-    constraint: tuple[str, str] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    prompt_logprobs: int | None = None
-    # vLLM's per-request "tokens to batch into each streamed chunk"; SGLang 0.5.17 honours the same
-    # sampling_params.stream_interval (first token at once, then every N, and the last).
-    stream_interval: int | None = None
+class Range:
+    """A numeric field's bounds (None: the int64 bound for integers, none for numbers)."""
 
-    @property
-    def proxy_stop_ids(self) -> frozenset[int]:
-        """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
-        vLLM's does not."""
-        return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
+    lo: float | None = None
+    hi: float | None = None
+    exclusive_lo: bool = False  # lo itself is refused
+    integer: bool = False
+
+
+# The one copy of the sampling fields' ranges: parse_sampling enforces them, GET /openapi.json
+# (ops/openapi.py) describes them.
+RANGES = {
+    "n": Range(1, MAX_N, integer=True),
+    "max_tokens": Range(1, integer=True),  # the top is the context length, known once SGLang is
+    "min_tokens": Range(0, integer=True),  # the top is max_tokens
+    "temperature": Range(0.0, 2.0),
+    "top_p": Range(0.0, 1.0, exclusive_lo=True),
+    "top_k": Range(-1, integer=True),
+    "min_p": Range(0.0, 1.0),
+    "frequency_penalty": Range(-2.0, 2.0),
+    "presence_penalty": Range(-2.0, 2.0),
+    "repetition_penalty": Range(0.0, 2.0, exclusive_lo=True),
+    "seed": Range(-(2**63), 2**64 - 1, integer=True),
+    "top_logprobs": Range(0, MAX_TOP_LOGPROBS, integer=True),  # chat's; completions' `logprobs` count too
+    "prompt_logprobs": Range(0, MAX_TOP_LOGPROBS, integer=True),
+    "best_of": Range(1, integer=True),
+    "stream_interval": Range(1, integer=True),
+}
+
+
+def _int(body: dict, key: str, default: int | None = None, *, bounds: str | None = None,
+         hi: int | None = None) -> int | None:
+    """`key` read as an integer in RANGES[bounds or key]; `hi` narrows the top (min_tokens <= max_tokens)."""
+    r = RANGES[bounds or key]
+    return opt_int(body, key, default, lo=r.lo, hi=r.hi if hi is None else hi)
+
+
+def _float(body: dict, key: str) -> float | None:
+    r = RANGES[key]
+    value = opt_float(body, key, lo=None if r.exclusive_lo else r.lo, hi=r.hi)
+    if value is not None and r.exclusive_lo and value <= r.lo:
+        raise bad(key, f"must be in ({r.lo:g}, {r.hi:g}], got {value}" if key == "top_p" else
+                  f"must be > {r.lo:g}, got {value}")
+    return value
 
 
 def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False) -> SamplingRequest:
@@ -66,40 +78,40 @@ def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False)
     """
     _refuse_unsupported(body)
     logprobs, top_logprobs = _parse_logprob_count(body) if logprobs_count else _parse_chat_logprobs(body)
-    max_tokens = opt_int(body, _max_tokens_key(body), lo=1)
+    max_tokens = _int(body, _max_tokens_key(body), bounds="max_tokens")
     return SamplingRequest(
-        n=opt_int(body, "n", 1, lo=1, hi=MAX_N),
+        n=_int(body, "n", 1),
         max_tokens=max_tokens,
         max_tokens_param=_max_tokens_key(body),
-        min_tokens=opt_int(body, "min_tokens", 0, lo=0, hi=max_tokens),
-        temperature=opt_float(body, "temperature", lo=0.0, hi=2.0),
-        top_p=_parse_top_p(body),
+        min_tokens=_int(body, "min_tokens", 0, hi=max_tokens),
+        temperature=_float(body, "temperature"),
+        top_p=_float(body, "top_p"),
         top_k=_parse_top_k(body),
-        min_p=opt_float(body, "min_p", lo=0.0, hi=1.0),
-        frequency_penalty=opt_float(body, "frequency_penalty", lo=-2.0, hi=2.0),
-        presence_penalty=opt_float(body, "presence_penalty", lo=-2.0, hi=2.0),
-        repetition_penalty=_parse_repetition_penalty(body),
+        min_p=_float(body, "min_p"),
+        frequency_penalty=_float(body, "frequency_penalty"),
+        presence_penalty=_float(body, "presence_penalty"),
+        repetition_penalty=_float(body, "repetition_penalty"),
         stop=_parse_stop(body),
         stop_token_ids=tuple(token_id_list(body.get("stop_token_ids") or [], "stop_token_ids", vocab_size,
                                            allow_empty=True)),
         include_stop_str_in_output=opt_bool(body, "include_stop_str_in_output", False),
         ignore_eos=opt_bool(body, "ignore_eos", False),
-        seed=opt_int(body, "seed", lo=-(2**63), hi=2**64 - 1),
+        seed=_int(body, "seed"),
         logit_bias=_parse_logit_bias(body, vocab_size),
         skip_special_tokens=opt_bool(body, "skip_special_tokens", True),
         spaces_between_special_tokens=opt_bool(body, "spaces_between_special_tokens", True),
         constraint=_parse_constraint(body),
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        prompt_logprobs=opt_int(body, "prompt_logprobs", lo=0, hi=MAX_TOP_LOGPROBS),
-        stream_interval=opt_int(body, "stream_interval", lo=1),
+        prompt_logprobs=_int(body, "prompt_logprobs"),
+        stream_interval=_int(body, "stream_interval"),
     )
 
 
 def _refuse_unsupported(body: dict) -> None:
     if body.get("use_beam_search"):
         raise bad("use_beam_search", "beam search is not supported by the SGLang backend")
-    if opt_int(body, "best_of", 1, lo=1) != 1:
+    if _int(body, "best_of", 1) != 1:
         raise bad("best_of", "best_of > 1 is not supported (use n)")
     for key in ("bad_words", "allowed_token_ids", "logits_processors"):
         if body.get(key):
@@ -110,23 +122,9 @@ def _max_tokens_key(body: dict) -> str:
     return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
 
 
-def _parse_top_p(body: dict) -> float | None:
-    top_p = opt_float(body, "top_p", hi=1.0)
-    if top_p is not None and top_p <= 0.0:
-        raise bad("top_p", f"must be in (0, 1], got {top_p}")
-    return top_p
-
-
 def _parse_top_k(body: dict) -> int | None:
-    top_k = opt_int(body, "top_k", lo=-1)
+    top_k = _int(body, "top_k")
     return -1 if top_k == 0 else top_k  # vLLM: 0 and -1 both mean "off"; SGLang only knows -1
-
-
-def _parse_repetition_penalty(body: dict) -> float | None:
-    penalty = opt_float(body, "repetition_penalty", hi=2.0)
-    if penalty is not None and penalty <= 0.0:
-        raise bad("repetition_penalty", f"must be > 0, got {penalty}")
-    return penalty
 
 
 def _parse_stop(body: dict) -> tuple[str, ...]:
@@ -164,14 +162,14 @@ def _parse_logit_bias(body: dict, vocab_size: int) -> dict | None:
 
 def _parse_chat_logprobs(body: dict) -> tuple[bool, int]:
     logprobs = opt_bool(body, "logprobs", False)
-    top = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    top = _int(body, "top_logprobs")
     if top is not None and top > 0 and not logprobs:
         raise bad("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true")
     return logprobs, top or 0
 
 
 def _parse_logprob_count(body: dict) -> tuple[bool, int]:
-    count = opt_int(body, "logprobs", lo=0, hi=MAX_TOP_LOGPROBS)
+    count = _int(body, "logprobs", bounds="top_logprobs")
     return count is not None, count or 0
 
 

@@ -77,19 +77,10 @@ def adapter_cards(registry: AdapterRegistry, base_name: str, max_model_len: int 
             for a in registry.adapters()]
 
 
-LORA_ROUTES = (
-    ("POST", "/v1/load_lora_adapter", load_v1),
-    ("POST", "/v1/unload_lora_adapter", unload_v1),
-    ("POST", "/load_lora_adapter", load_in_place),
-    ("POST", "/unload_lora_adapter", unload_sglang),
-)
-
-
-def add_lora_routes(app: web.Application) -> None:
-    """After the admin plane's cleanup context (the LoRA admin uses it)."""
+def add_lora_admin(app: web.Application) -> None:
+    """After the admin plane's cleanup context (the LoRA admin uses it). The routes are rows of
+    token_proxy/routes.py (vLLM's /v1/... and SGLang's dialect)."""
     app.cleanup_ctx.append(_lora_admin)
-    for method, path, handler in LORA_ROUTES:
-        app.router.add_route(method, path, handler)
 
 
 async def _lora_admin(app: web.Application):

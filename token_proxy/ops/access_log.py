@@ -18,6 +18,7 @@ import uuid
 import orjson
 from aiohttp import web
 
+from token_proxy.http_io import route_of
 from token_proxy.ops.log_writer import LogWriter
 from token_proxy.pipeline.request_ids import header_request_id
 from token_proxy.pipeline.request_stats import STATS, RequestStats
@@ -28,8 +29,6 @@ access_log = logging.getLogger(ACCESS_LOGGER)
 REQUEST_ID = web.RequestKey("request_id", str)
 # With --workers N: this process's worker number, in every access line ("worker").
 WORKER_INDEX = web.AppKey("worker_index", int)
-# Probes and scrapes would drown the requests that matter; they log at DEBUG.
-_QUIET_ENDPOINTS = frozenset({"/metrics", "/health"})
 
 
 def request_id_of(request: web.Request) -> str:
@@ -51,7 +50,8 @@ async def add_request_id_header(request: web.Request, response: web.StreamRespon
 
 def log_request(request: web.Request, endpoint: str, status: int, stats: RequestStats,
                 latency_s: float) -> None:
-    level = logging.DEBUG if endpoint in _QUIET_ENDPOINTS else logging.INFO
+    route = route_of(request.app, endpoint)
+    level = logging.DEBUG if route is not None and route.quiet else logging.INFO  # probes and scrapes
     if not access_log.isEnabledFor(level):
         return
     fields = {

@@ -13,8 +13,8 @@ from collections import deque
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
+from token_proxy.http_io import INFERENCE, route_kind
 from token_proxy.pipeline.request_stats import stats_of
-from token_proxy.routes import INFERENCE, route_class
 
 
 class Overloaded(ProxyError):
@@ -87,7 +87,7 @@ ADMISSION = web.AppKey("admission", Admission)
 @web.middleware
 async def admission_control(request: web.Request, handler):
     admission = request.app.get(ADMISSION)
-    if admission is None or request.method != "POST" or route_class(request.path) != INFERENCE:
+    if admission is None or request.method != "POST" or route_kind(request.app, request.path) != INFERENCE:
         return await handler(request)
     try:
         await admission.acquire()

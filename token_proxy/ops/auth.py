@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-from token_proxy.routes import INFERENCE, OPS, TOKENIZER, route_class
+from token_proxy.http_io import INFERENCE, OPS, TOKENIZER, route_kind
 
 
 class Unauthorized(ProxyError):
@@ -35,8 +35,8 @@ class AccessPolicy:
     admin_key: str | None = None
     admin_open: bool = False  # with no admin key: let non-loopback clients reach admin routes
 
-    def check(self, path: str, authorization: str | None, remote: str | None) -> None:
-        kind = route_class(path)  # the route table's class
+    def check(self, path: str, authorization: str | None, remote: str | None, kind: str) -> None:
+        """`kind`: the route's class in the route table (routes.py)."""
         if kind == OPS:
             return
         presented = _bearer(authorization)
@@ -79,5 +79,6 @@ ACCESS = web.AppKey("access", AccessPolicy)
 async def access_control(request: web.Request, handler):
     policy = request.app.get(ACCESS)
     if policy is not None:
-        policy.check(request.path, request.headers.get("Authorization"), request.remote)
+        policy.check(request.path, request.headers.get("Authorization"), request.remote,
+                     route_kind(request.app, request.path))
     return await handler(request)

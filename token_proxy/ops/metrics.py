@@ -36,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics import MetricWrapperBase
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.http_io import INFERENCE, route_kind, routes_where
 from token_proxy.ops.access_log import add_request_id_header, log_request
 from token_proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
@@ -46,16 +47,6 @@ from token_proxy.state import CONTEXT, REGISTER_COLLECTOR, SETTINGS
 log = logging.getLogger(__name__)
 
 PREFIX = "token_proxy_"
-# Admin routes that swap weights (SGLang's names and prime-rl's); the middleware times them.
-WEIGHT_UPDATE_ROUTES = frozenset({
-    "/update_weights", "/update_weights_from_disk", "/update_weights_from_distributed",
-    "/update_weights_from_tensor", "/reload_weights",
-})
-# Routes after which SGLang may serve another weight version: the gauge is refreshed from /model_info.
-VERSION_ROUTES = WEIGHT_UPDATE_ROUTES | {"/update_weight_version"}
-# The inference routes whose labelled series start at 0 (rate() and increase() then see the first event).
-INFERENCE_ENDPOINTS = ("/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/completions",
-                       "/inference/v1/generate")
 UNMATCHED = "unmatched"  # 404s and 405s: the raw path would be unbounded label cardinality
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 _BACKEND_ERROR_KINDS = {502: "error", 503: "unavailable", 504: "timeout"}
@@ -227,9 +218,20 @@ class ProxyMetrics:
             ProcessCollector(registry=self.registry)
             PlatformCollector(registry=self.registry)
             GCCollector(registry=self.registry)
-        self.weight_update_routes = WEIGHT_UPDATE_ROUTES
+        # From the route table's flags when the app starts (routes_from_table), unless set before:
+        # routes that swap weights (timed and counted), and those after which SGLang may serve another
+        # weight version (the gauge is refreshed from /model_info).
+        self.weight_update_routes: frozenset[str] | None = None
+        self.version_routes: frozenset[str] = frozenset()
         self._children: dict[tuple, object] = {}
-        self.start_at_zero(INFERENCE_ENDPOINTS, WEIGHT_UPDATE_ROUTES)
+
+    def routes_from_table(self, inference: list[str], weight_update: list[str], sets_version: list[str]) -> None:
+        """The route table's rows: the inference routes the proxy serves, whose labelled series start
+        at 0 (rate() and increase() then see the first event), and the weight routes."""
+        if self.weight_update_routes is None:
+            self.weight_update_routes = frozenset(weight_update)
+        self.version_routes = self.weight_update_routes | frozenset(sets_version)
+        self.start_at_zero(inference, self.weight_update_routes)
 
     def start_at_zero(self, endpoints, weight_routes) -> None:
         """Create every known label combination of the counters at 0, so the first event is an
@@ -440,7 +442,7 @@ async def observe_requests(request: web.Request, handler):
             status = CLIENT_CLOSED
         latency = stats.finished_at - stats.started_at
         metrics.observe(endpoint, status, stats, latency, overloaded)
-        if endpoint in metrics.weight_update_routes or endpoint in VERSION_ROUTES:
+        if endpoint in metrics.version_routes:
             _after_weight_update(request, metrics, endpoint, status, latency)
         log_request(request, endpoint, status, stats, latency)
 
@@ -551,10 +553,14 @@ def add_observability(app: web.Application) -> None:
 
 
 async def _start_routes_at_zero(app: web.Application) -> None:
-    """Every fixed route of the finished router (admin routes included), at 0 before its first answer."""
+    """The route table's inference and weight routes, then every fixed route of the finished router
+    (admin routes included), at 0 before its first answer."""
+    metrics = app[METRICS]
+    served_inference = [path for path in routes_where(app, "served") if route_kind(app, path) == INFERENCE]
+    metrics.routes_from_table(served_inference, routes_where(app, "weight_update"), routes_where(app, "sets_version"))
     paths = {resource.canonical for resource in app.router.resources()
              if isinstance(resource, web.PlainResource)}
-    app[METRICS].start_routes_at_zero(sorted(paths))
+    metrics.start_routes_at_zero(sorted(paths))
 
 
 async def _mirror_collectors(app: web.Application):

@@ -12,12 +12,13 @@ from typing import NamedTuple
 
 from aiohttp import web
 
-from token_proxy.api.chat.request import ROLES
 from token_proxy.api.completions.request import MAX_PROMPTS
-from token_proxy.api.fields import INT64_MAX, INT64_MIN, MAX_REQUEST_ID_CHARS
-from token_proxy.api.sampling import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from token_proxy.api.fields import INT64_MAX, INT64_MIN
+from token_proxy.api.messages import ROLES
+from token_proxy.api.sampling import MAX_STOP_STRINGS, RANGES, Range
 from token_proxy.errors import BackendUnavailable
-from token_proxy.http_io import json_response
+from token_proxy.http_io import json_response, routes_where
+from token_proxy.ids import MAX_ID_CHARS
 from token_proxy.state import CONTEXT
 
 ERROR_STATUSES = {
@@ -38,7 +39,8 @@ class Limits(NamedTuple):
 
 
 async def openapi_json(request: web.Request) -> web.Response:
-    return json_response(openapi_spec(_limits(request)))
+    """The route table's `in_openapi` rows."""
+    return json_response(openapi_spec(_limits(request), routes_where(request.app, "in_openapi")))
 
 
 def _limits(request: web.Request) -> Limits:
@@ -49,30 +51,41 @@ def _limits(request: web.Request) -> Limits:
         return Limits()
 
 
-def openapi_spec(limits: Limits | None = None) -> dict:
+def openapi_spec(limits: Limits | None = None, listed: list[str] | None = None) -> dict:
+    """`listed`: the paths to describe (the route table's in_openapi rows); None, every one described here."""
     s = _Schemas(limits or Limits())
+    paths = _paths(s)
+    if listed is not None:
+        unknown = set(listed) - paths.keys()
+        if unknown:
+            raise ValueError(f"the route table lists {sorted(unknown)} in openapi, which has no schema for them")
+        paths = {path: spec for path, spec in paths.items() if path in listed}
     return {
         "openapi": "3.1.0",
         "info": {"title": "sglang-token-proxy", "version": "0.1.0",
                  "description": "vLLM's OpenAI-compatible schema on top of SGLang's native /generate"},
-        "paths": {
-            "/v1/chat/completions": _post(s.chat(), _json_or_sse(s.chat_completion())),
-            "/v1/chat/completions/tokens": _post(s.chat(tokens=True), _json_or_sse(s.chat_completion())),
-            "/v1/chat/completions/render": _post(s.chat(), _json(s.rendered())),
-            "/v1/completions": _post(s.completion(), _json_or_sse(s.text_completion())),
-            "/inference/v1/generate": _post(s.generate(), _json_or_sse(s.generate_tokens())),
-            **{f"{prefix}/tokenize": _post(s.tokenize(), _json(s.tokenized())) for prefix in ("", "/v1")},
-            **{f"{prefix}/detokenize": _post(s.detokenize(), _json(s.detokenized())) for prefix in ("", "/v1")},
-            "/v1/models": {"get": {"responses": {"200": _json(s.models())}}},
-            "/health": {"get": {"security": [], "responses": {
-                "200": {"description": "SGLang is healthy"},
-                "503": _json({"$ref": "#/components/schemas/Error"}, "SGLang is not healthy")}}},
-        },
+        "paths": paths,
         "components": {
             "schemas": {"Error": ERROR, "Message": s.message()},
             "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{}, {"apiKey": []}],  # the API key is optional (--api-key)
+    }
+
+
+def _paths(s: _Schemas) -> dict:
+    return {
+        "/v1/chat/completions": _post(s.chat(), _json_or_sse(s.chat_completion())),
+        "/v1/chat/completions/tokens": _post(s.chat(tokens=True), _json_or_sse(s.chat_completion())),
+        "/v1/chat/completions/render": _post(s.chat(), _json(s.rendered())),
+        "/v1/completions": _post(s.completion(), _json_or_sse(s.text_completion())),
+        "/inference/v1/generate": _post(s.generate(), _json_or_sse(s.generate_tokens())),
+        **{f"{prefix}/tokenize": _post(s.tokenize(), _json(s.tokenized())) for prefix in ("", "/v1")},
+        **{f"{prefix}/detokenize": _post(s.detokenize(), _json(s.detokenized())) for prefix in ("", "/v1")},
+        "/v1/models": {"get": {"responses": {"200": _json(s.models())}}},
+        "/health": {"get": {"security": [], "responses": {
+            "200": {"description": "SGLang is healthy"},
+            "503": _json({"$ref": "#/components/schemas/Error"}, "SGLang is not healthy")}}},
     }
 
 
@@ -115,11 +128,22 @@ def _num(lo: float, hi: float, *, exclusive_lo: bool = False) -> dict:
     return {"type": "number", ("exclusiveMinimum" if exclusive_lo else "minimum"): lo, "maximum": hi}
 
 
+def _ranged(r: Range) -> dict:
+    """A field of api/sampling.py's RANGES, as parse_sampling checks it."""
+    if r.integer:
+        return _int(INT64_MIN if r.lo is None else r.lo, INT64_MAX if r.hi is None else r.hi)
+    return _num(r.lo, r.hi, exclusive_lo=r.exclusive_lo)
+
+
+def _range(key: str) -> dict:
+    return _ranged(RANGES[key])
+
+
 BOOL = {"type": "boolean"}
 STR = {"type": "string"}
 OBJ = {"type": "object"}
 NON_EMPTY_STR = {"type": "string", "minLength": 1}
-REQUEST_ID = {"type": "string", "maxLength": MAX_REQUEST_ID_CHARS, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
+REQUEST_ID = {"type": "string", "maxLength": MAX_ID_CHARS, "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*$",
               "description": "no control characters; becomes the SGLang rid and the X-Request-Id header"}
 # One server-sent event: `data` is a JSON chunk, or [DONE] last.
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
@@ -134,7 +158,7 @@ class _Schemas:
         self.limits = limits
         top = None if limits.vocab_size is None else limits.vocab_size - 1
         self.token_id = _int(0, top)
-        self.max_tokens = _int(1, limits.max_model_len or INT64_MAX)
+        self.max_tokens = _int(RANGES["max_tokens"].lo, limits.max_model_len or INT64_MAX)
         self.model = STR if limits.model is None else {"type": "string", "enum": [limits.model]}
 
     def token_ids(self, min_items: int = 1) -> dict:
@@ -142,22 +166,21 @@ class _Schemas:
 
     def sampling(self, *, chat: bool) -> dict:
         """parse_sampling: chat's logprobs is a flag (+ top_logprobs); elsewhere it is a count."""
-        logprobs = {"logprobs": BOOL, "top_logprobs": _int(0, MAX_TOP_LOGPROBS)} if chat else {
-            "logprobs": _int(0, MAX_TOP_LOGPROBS)}
+        logprobs = {"logprobs": BOOL, "top_logprobs": _range("top_logprobs")} if chat else {
+            "logprobs": _range("top_logprobs")}
         fields = {
-            "n": _int(1, 1024), "max_tokens": self.max_tokens, "max_completion_tokens": self.max_tokens,
-            "min_tokens": _int(0), "temperature": _num(0.0, 2.0), "top_p": _num(0.0, 1.0, exclusive_lo=True),
-            "top_k": _int(-1), "min_p": _num(0.0, 1.0), "frequency_penalty": _num(-2.0, 2.0),
-            "presence_penalty": _num(-2.0, 2.0), "repetition_penalty": _num(0.0, 2.0, exclusive_lo=True),
+            "n": _range("n"), "max_tokens": self.max_tokens, "max_completion_tokens": self.max_tokens,
+            **{key: _range(key) for key in ("min_tokens", "temperature", "top_p", "top_k", "min_p",
+                                            "frequency_penalty", "presence_penalty", "repetition_penalty")},
             "stop": {"anyOf": [NON_EMPTY_STR, {"type": "array", "items": NON_EMPTY_STR,
                                                "maxItems": MAX_STOP_STRINGS}]},
             "stop_token_ids": self.token_ids(min_items=0), "include_stop_str_in_output": BOOL,
-            "ignore_eos": BOOL, "seed": _int(INT64_MIN, 2**64 - 1),
+            "ignore_eos": BOOL, "seed": _range("seed"),
             "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
                            "additionalProperties": {"type": "number"}},
             "skip_special_tokens": BOOL, "spaces_between_special_tokens": BOOL,
             "response_format": self.response_format(), "structured_outputs": self.structured_outputs(),
-            **logprobs, "prompt_logprobs": _int(0, MAX_TOP_LOGPROBS),
+            **logprobs, "prompt_logprobs": _range("prompt_logprobs"),
             # Refused (400) when set to anything but these.
             "use_beam_search": {"const": False}, "best_of": {"const": 1},
         }
@@ -209,7 +232,7 @@ class _Schemas:
                            "parser), \"required\" or a named function (forced by a json_schema constraint)",
             "anyOf": [{"enum": ["none", "auto", "required"]}, named]}
         fields = {"tool_choice": tool_choice, "parallel_tool_calls": BOOL, "include_reasoning": BOOL,
-                  "session_id": {"type": "string", "maxLength": 256,
+                  "session_id": {"type": "string", "maxLength": MAX_ID_CHARS,
                                  "description": "session continuity key (or the X-Session-ID header)"}}
         return {k: _nullable(v) for k, v in fields.items()}
 

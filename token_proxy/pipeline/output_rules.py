@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from token_proxy.api.sampling import SamplingRequest
 from token_proxy.pipeline.weight_versions import VersionSpans
+from token_proxy.sglang.payload import SamplingRequest
 
 REPLACEMENT = "\ufffd"
 _NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason

@@ -7,7 +7,7 @@ import uuid
 
 from aiohttp import web
 
-MAX_CLIENT_ID = 256
+from token_proxy.ids import MAX_ID_CHARS
 
 
 def new_request_id(prefix: str, client_id: str | None) -> str:
@@ -16,8 +16,8 @@ def new_request_id(prefix: str, client_id: str | None) -> str:
 
 def header_request_id(request: web.Request) -> str | None:
     """The client's X-Request-Id when usable as an SGLang rid and a response header: printable
-    (no control characters, no undecodable bytes) and at most MAX_CLIENT_ID characters."""
-    given = (request.headers.get("X-Request-Id") or "").strip()[:MAX_CLIENT_ID]
+    (no control characters, no undecodable bytes) and at most MAX_ID_CHARS characters (token_proxy/ids.py)."""
+    given = (request.headers.get("X-Request-Id") or "").strip()[:MAX_ID_CHARS]
     return given if given and given.isprintable() else None
 
 

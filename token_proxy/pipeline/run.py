@@ -7,38 +7,24 @@ parse (the endpoint's) -> resolve model -> prompt ids (the endpoint's) -> limits
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
-from token_proxy.api.sampling import SamplingRequest
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, response_headers
 from token_proxy.lora.workers import LORA
 from token_proxy.pipeline.call import generate_streamed, generate_whole
+from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
 from token_proxy.pipeline.request_ids import header_request_id, new_request_id, now
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
 from token_proxy.pipeline.target import ModelTarget, resolve_target
-from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
+from token_proxy.sglang.payload import SamplingRequest, resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """What the pipeline reads of any parsed inference request, whichever endpoint parsed it."""
-
-    id_prefix: str  # of the response id and SGLang rid: "chatcmpl", "cmpl", "generate-tokens"
-    model: str | None
-    sampling: SamplingRequest
-    stream: bool
-    request_id: str | None = None
-    cache_salt: str | None = None
-    priority: int | None = None
 
 
 class Formatter(Protocol):

@@ -13,6 +13,7 @@ from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.sync import AdapterPublisher
 from token_proxy.lora.workers import LORA
+from token_proxy.routes import ADMIN, INTERNAL, OWNER, Route, add_rows
 from token_proxy.serving.metrics_block import render_owner_block
 
 PUBLISHER = web.AppKey("adapter_publisher", AdapterPublisher)
@@ -35,11 +36,17 @@ async def owner_metrics(request: web.Request) -> web.Response:
     return web.Response(body=await render_owner_block(request.app), content_type="text/plain")
 
 
+# Rows of the route table that only the owner's app has (a worker refuses /_internal/ for clients).
+CONTROL_ROUTES = (
+    Route("/_internal/adapters", ("POST",), adapters_poll, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, worker=OWNER),
+)
+
+
 def add_control_routes(app: web.Application) -> None:
     """Before the admin plane's routes (it ends with a catch-all); its state after them: see add_control_state."""
-    app.router.add_post("/_internal/adapters", adapters_poll)
-    app.router.add_post("/_internal/lora_sync", lora_sync)
-    app.router.add_get("/_internal/metrics", owner_metrics)
+    add_rows(app, CONTROL_ROUTES)
 
 
 def add_control_state(app: web.Application) -> None:

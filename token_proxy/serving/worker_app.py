@@ -1,4 +1,4 @@
-"""A --workers data-plane process's admin side: every admin-plane route is forwarded to the owner over
+"""A --workers data-plane process's admin side: every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
 its Unix socket (the same routes as one process serves, so labels, 404s and 405s match), the LoRA map
 is mirrored (adapter_sync.py), and /metrics appends the owner's block (metrics_block.py)."""
 
@@ -11,7 +11,6 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from token_proxy.admin.routes import add_admin_routes
 from token_proxy.errors import BackendUnavailable, NotFound
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.sync import AdapterFollower
@@ -19,6 +18,7 @@ from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.metrics import EXTRA_METRICS
 from token_proxy.role import ROLE
+from token_proxy.routes import OWNER, ROUTES
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.state import CONTEXT
 
@@ -74,13 +74,11 @@ class RemoteLora:
 
 
 def add_worker_plane(app: web.Application) -> None:
-    """In place of add_admin_routes: the admin plane's own routes, each forwarded, then the catch-all."""
-    template = web.Application()
-    add_admin_routes(template)  # only read for its route table; never started
-    for resource in template.router.resources():
-        if isinstance(resource, web.PlainResource):
-            for route in resource:
-                app.router.add_route(route.method, resource.canonical, forward_to_owner)
+    """In place of routes.add_admin_plane: the route table's OWNER rows, each forwarded, then the catch-all."""
+    for route in ROUTES:
+        if route.worker == OWNER and route.served:
+            for method in route.methods:
+                app.router.add_route(method, route.path, forward_to_owner)
     app.router.add_route("*", "/_internal/{tail:.*}", internal_only)
     app.router.add_route("*", "/{tail:.*}", forward_to_owner)
     app.cleanup_ctx.append(_worker_state)

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from token_proxy.errors import InvalidRequest
+from token_proxy.ids import MAX_ID_CHARS
 
 SESSION_ID_HEADER = "X-Session-ID"
 SESSION_ID_FIELD = "session_id"
-MAX_KEY_CHARS = 256
 
 
 def session_key(headers: Mapping[str, str], body: dict) -> str | None:
@@ -21,6 +21,6 @@ def session_key(headers: Mapping[str, str], body: dict) -> str | None:
             raise InvalidRequest(f"{SESSION_ID_FIELD} must be a string", param=SESSION_ID_FIELD)
     if key is None or key == "":
         return None
-    if len(key) > MAX_KEY_CHARS:
-        raise InvalidRequest(f"the session id is longer than {MAX_KEY_CHARS} characters", param=SESSION_ID_FIELD)
+    if len(key) > MAX_ID_CHARS:
+        raise InvalidRequest(f"the session id is longer than {MAX_ID_CHARS} characters", param=SESSION_ID_FIELD)
     return key

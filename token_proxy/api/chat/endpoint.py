@@ -16,10 +16,11 @@ from token_proxy.api.fields import token_id_list
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
+from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_ids import header_request_id, new_request_id
 from token_proxy.pipeline.request_stats import RequestStats, stats_of
-from token_proxy.pipeline.run import Job, run_pipeline
+from token_proxy.pipeline.run import run_pipeline
 from token_proxy.pipeline.target import resolve_target
 from token_proxy.sglang.payload import resolve_max_tokens, with_sampling_overrides
 from token_proxy.state import CONTEXT, ProxyContext

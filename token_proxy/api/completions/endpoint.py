@@ -12,9 +12,10 @@ from token_proxy.api.completions.format import CompletionFormatter
 from token_proxy.api.completions.request import CompletionRequest, parse_completion_request
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.http_io import read_json
+from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_stats import RequestStats
-from token_proxy.pipeline.run import Job, run_pipeline
+from token_proxy.pipeline.run import run_pipeline
 from token_proxy.state import CONTEXT, ProxyContext
 
 
@@ -30,9 +31,7 @@ class CompletionEndpoint:
     job: Job = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        req = self.req
-        self.job = Job("cmpl", req.model, req.sampling, req.output.stream, req.request_id, req.cache_salt,
-                       req.priority)
+        self.job = Job.of("cmpl", self.req, stream=self.req.output.stream)
 
     async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
         req = self.req

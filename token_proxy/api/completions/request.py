@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from token_proxy.api.chat.request import OutputOptions, parse_output_options
-from token_proxy.api.fields import bad, opt_bool, opt_int, opt_request_id, opt_str, token_id_list
+from token_proxy.api.fields import (
+    OutputOptions,
+    bad,
+    opt_bool,
+    opt_int,
+    opt_request_id,
+    opt_str,
+    parse_output_options,
+    token_id_list,
+)
 from token_proxy.api.sampling import SamplingRequest, parse_sampling
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) completions default; chat's is the rest of the context

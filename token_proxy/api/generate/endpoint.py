@@ -11,9 +11,10 @@ from token_proxy.api.generate.format import GenerateFormatter
 from token_proxy.api.generate.request import GenerateTokensRequest, parse_generate_tokens
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.http_io import read_json
+from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_stats import RequestStats
-from token_proxy.pipeline.run import Job, run_pipeline
+from token_proxy.pipeline.run import run_pipeline
 from token_proxy.state import CONTEXT, ProxyContext
 
 
@@ -29,9 +30,7 @@ class GenerateEndpoint:
     job: Job = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        req = self.req
-        self.job = Job("generate-tokens", req.model, req.sampling, req.stream, req.request_id, req.cache_salt,
-                       req.priority)
+        self.job = Job.of("generate-tokens", self.req, stream=self.req.stream)
 
     async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
         return [self.req.token_ids]

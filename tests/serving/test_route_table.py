@@ -1,0 +1,95 @@
+"""The one route table (token_proxy/routes.py): every route and its flags, as the app and the middleware read them."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+
+from token_proxy.admin.forward import FORWARDS
+from token_proxy.api.sampling import RANGES, parse_sampling
+from token_proxy.errors import InvalidRequest
+from token_proxy.http_io import ROUTE_TABLE, route_kind, routes_where
+from token_proxy.ids import MAX_ID_CHARS, checked_id
+from token_proxy.ops.openapi import openapi_spec
+from token_proxy.routes import ADMIN, INFERENCE, OPS, OWNER, ROUTES, TOKENIZER, route_class
+from token_proxy.serving.worker_app import add_worker_plane, forward_to_owner
+from token_proxy.sglang.pause import PRIME_RL, VLLM, to_sglang
+
+
+def test_every_path_is_one_row_and_every_sglang_forward_has_one():
+    paths = [route.path for route in ROUTES]
+    assert len(paths) == len(set(paths))
+    forwarded = {route.path for route in ROUTES if route.dialect == "sglang" and route.served}
+    assert set(FORWARDS) <= forwarded
+
+
+def test_the_flags_the_middleware_reads():
+    assert [r.path for r in ROUTES if r.quiet] == ["/health", "/metrics"]
+    assert [r.path for r in ROUTES if r.kind == INFERENCE and r.served] == [
+        "/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/completions", "/inference/v1/generate"]
+    assert {r.path for r in ROUTES if r.weight_update} == {
+        "/update_weights", "/update_weights_from_disk", "/update_weights_from_distributed",
+        "/update_weights_from_tensor", "/reload_weights"}
+    assert [r.path for r in ROUTES if r.sets_version] == ["/update_weight_version"]
+    assert (route_class("/liveness"), route_class("/model_info"), route_class("/generate"),
+            route_class("/pause"), route_class("/not/listed")) == (OPS, TOKENIZER, INFERENCE, ADMIN, ADMIN)
+
+
+async def test_the_app_carries_the_table_and_openapi_lists_its_rows(proxy):
+    app = proxy.app
+    assert app[ROUTE_TABLE]["/v1/completions"].kind == INFERENCE
+    assert route_kind(app, "/liveness") == OPS and route_kind(app, "/update_weights") == ADMIN
+    listed = routes_where(app, "in_openapi")
+    assert "/openapi.json" not in listed and "/metrics" not in listed
+    spec = await (await proxy.get("/openapi.json")).json()
+    assert sorted(spec["paths"]) == sorted(listed)
+    with pytest.raises(ValueError, match="/pause"):
+        openapi_spec(None, ["/pause"])
+
+
+def test_a_worker_forwards_exactly_the_owner_rows():
+    app = web.Application()
+    add_worker_plane(app)
+    forwarded = {(route.method, route.resource.canonical) for route in app.router.routes()
+                 if route.handler is forward_to_owner and isinstance(route.resource, web.PlainResource)}
+    assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER and route.served
+                         for method in route.methods}
+    assert ("POST", "/update_weights") in forwarded and ("POST", "/v1/completions") not in forwarded
+
+
+def test_openapi_sampling_ranges_are_the_parsers():
+    fields = openapi_spec()["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["properties"]
+    assert fields["top_p"]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0.0, "maximum": 1.0}
+    assert fields["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": RANGES["n"].hi}
+    with pytest.raises(InvalidRequest) as exc:
+        parse_sampling({"top_p": 0}, 100)
+    assert (exc.value.message, exc.value.param) == ("top_p: must be in (0, 1], got 0.0", "top_p")
+    with pytest.raises(InvalidRequest) as exc:
+        parse_sampling({"repetition_penalty": 0}, 100)
+    assert exc.value.message == "repetition_penalty: must be > 0, got 0.0"
+
+
+def test_one_id_rule():
+    assert checked_id("a" * MAX_ID_CHARS, "request_id") == "a" * MAX_ID_CHARS
+    with pytest.raises(InvalidRequest) as exc:
+        checked_id("a" * (MAX_ID_CHARS + 1), "request_id")
+    assert exc.value.param == "request_id"
+    assert exc.value.message == "request_id: must be at most 256 characters, none of them control characters"
+
+
+@pytest.mark.parametrize("mode,dialect,native", [
+    ("keep", PRIME_RL, "retract"), ("abort", PRIME_RL, "abort"), ("in_place", PRIME_RL, "in_place"),
+    ("keep", VLLM, "retract"), ("wait", VLLM, "in_place"), ("abort", VLLM, "abort"), ("retract", VLLM, "retract"),
+])
+def test_pause_modes_map_onto_sglangs(mode, dialect, native):
+    assert to_sglang(mode, dialect, configured="retract") == native
+
+
+def test_a_mode_the_dialect_does_not_name_is_a_400():
+    with pytest.raises(InvalidRequest) as exc:
+        to_sglang("wait", PRIME_RL, "retract")
+    assert exc.value.message == "mode must be keep, abort, retract or in_place, got 'wait'"
+    with pytest.raises(InvalidRequest) as exc:
+        to_sglang(["abort"], VLLM, "retract")
+    assert exc.value.message == "mode must be abort, wait or keep (or SGLang's retract, in_place), got ['abort']"
