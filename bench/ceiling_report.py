@@ -1,0 +1,106 @@
+"""One table (and a plot) from several bench_ceiling.py --json-out files.
+
+The GPU machine's time limit splits the ceiling matrix into several runs; each file carries its own
+ceiling rows, and every ratio is taken against the ceiling of the same file (the same hour: the host
+is noisy, so only ratios within one run count).
+
+    python bench/ceiling_report.py run1.json run2.json ... [--plot ceiling.png]
+
+The plot (req/s and TTFT p50 against concurrency, one line per target, streams and not) needs
+matplotlib (pip install matplotlib); the table does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+NAMES = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
+
+
+def load(paths: list[str]) -> list[dict]:
+    rows = []
+    for run, path in enumerate(paths):
+        with open(path) as f:
+            for row in json.load(f):
+                rows.append({**row, "run": run})
+    return rows
+
+
+def name_of(row: dict) -> str:
+    workers = row["workers"]
+    return NAMES.get(row["target"]) or f"proxy, {workers} worker{'s' if workers != 1 else ''}"
+
+
+def key_of(row: dict) -> tuple:
+    return row["run"], row["stream"], row["repeats"], row["concurrency"]
+
+
+def fmt(value, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def table(rows: list[dict]) -> list[str]:
+    ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
+    chat = {key_of(r): r for r in rows if r["target"] == "chat"}
+    lines = ["| stream | prompts | conc | target | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | TTFT p50 ms "
+             "| SGLang's TTFT mean ms | proxy CPU ms/req | errors |", "|" + "---|" * 13]
+    order = {"generate": 0, "chat": 1, "proxy": 2}
+    for r in sorted(rows, key=lambda r: (not r["stream"], r["repeats"], r["concurrency"], order[r["target"]],
+                                         r["workers"] or 0, r["run"])):
+        ceil, ref = ceiling.get(key_of(r)), chat.get(key_of(r))
+        ratio = f"{r['rps'] / ceil['rps']:.2f}" if ceil and r["target"] != "generate" else "-"
+        vs_chat = f"{r['rps'] / ref['rps']:.2f}" if ref and r["target"] == "proxy" else "-"
+        lines.append(
+            f"| {'yes' if r['stream'] else 'no'} | {'GRPO x8' if r['repeats'] else 'distinct'} | {r['concurrency']} "
+            f"| {name_of(r)} | {r['n']} | {r['rps']:.1f} | {ratio} | {vs_chat} | {fmt(r['p50'], 0)} "
+            f"| {fmt(r['ttft50'], 0) if r['stream'] else '-'} | {fmt(r.get('extra', {}).get('sglang_ttft_ms'), 0)} "
+            f"| {fmt(r['cpu_ms'], 2)} | {r['errors']} |")
+    return lines
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
+    for col, stream in enumerate((True, False)):
+        for target in sorted({name_of(r) for r in rows}):
+            chosen = [r for r in rows if r["stream"] == stream and not r["repeats"] and name_of(r) == target]
+            points = sorted(((r["concurrency"], r) for r in chosen), key=lambda p: (p[0], p[1]["run"]))
+            if not points:
+                continue
+            conc = [c for c, _ in points]
+            axes[0][col].plot(conc, [r["rps"] for _, r in points], marker="o", label=target)
+            if stream:
+                axes[1][col].plot(conc, [r["ttft50"] for _, r in points], marker="o", label=target)
+            else:
+                axes[1][col].plot(conc, [r["p50"] for _, r in points], marker="o", label=target)
+        kind = "streamed" if stream else "not streamed"
+        axes[0][col].set_title(f"req/s, {kind}, distinct prompts")
+        axes[1][col].set_title("TTFT p50 (ms)" if stream else "latency p50 (ms), not streamed")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xscale("log")
+            ax.set_xlabel("concurrency")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+", help="bench_ceiling.py --json-out files")
+    parser.add_argument("--plot", help="also write this PNG (needs matplotlib)")
+    args = parser.parse_args()
+    rows = load(args.files)
+    print("\n".join(table(rows)))
+    if args.plot:
+        plot(rows, args.plot)
+
+
+if __name__ == "__main__":
+    main()
