@@ -26,7 +26,6 @@ from token_proxy.sessions import (
     SessionPlan,
     SessionStore,
     TemplateCodec,
-    session_key,
 )
 from token_proxy.sglang.discovery import SETTINGS, ProxyContext
 from token_proxy.tokenization.renderer import ChatPrompt
@@ -57,10 +56,10 @@ class ChatSession:
         self._executor = None
 
     @classmethod
-    def of(cls, request: web.Request, body: dict) -> ChatSession | None:
-        key = session_key(request.headers, body)  # a bad key is a 400 even with sessions off
+    def of(cls, request: web.Request, key: str) -> ChatSession | None:
+        """`key`: ChatFeatures' checked session key (a bad key is a 400 even with sessions off)."""
         store = request.app.get(SESSIONS)
-        return cls(request, store, key) if key is not None and store is not None else None
+        return cls(request, store, key) if store is not None else None
 
     async def prompt_ids(self, ctx: ProxyContext, prompt: ChatPrompt, stats: RequestStats) -> list[int]:
         start = time.perf_counter()
