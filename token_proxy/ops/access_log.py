@@ -19,8 +19,7 @@ import orjson
 from aiohttp import web
 
 from token_proxy.ops.log_writer import LogWriter
-from token_proxy.pipeline.request_ids import header_request_id
-from token_proxy.pipeline.request_stats import STATS, RequestStats
+from token_proxy.pipeline.request_state import STATS, RequestStats, header_request_id
 
 ACCESS_LOGGER = "token_proxy.access"
 access_log = logging.getLogger(ACCESS_LOGGER)

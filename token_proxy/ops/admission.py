@@ -13,7 +13,7 @@ from collections import deque
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-from token_proxy.pipeline.request_stats import stats_of
+from token_proxy.pipeline.request_state import stats_of
 from token_proxy.routes import INFERENCE, route_class
 
 

@@ -13,7 +13,7 @@ from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.lora.workers import LoraAdmin, retry_if_lost
 from token_proxy.pipeline.output_rules import Output, OutputRules
-from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.aborts import abort_all_of, aborting_on_exit
 from token_proxy.sglang.discovery import ProxyContext

@@ -19,8 +19,7 @@ from token_proxy.lora.workers import LORA
 from token_proxy.ops.metrics import METRICS
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
-from token_proxy.pipeline.request_ids import header_request_id, new_request_id, now
-from token_proxy.pipeline.request_stats import RequestStats, stats_of
+from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
 from token_proxy.pipeline.target import ModelTarget, resolve_target
 from token_proxy.sglang.discovery import CONTEXT, ProxyContext
 from token_proxy.sglang.payload import resolve_max_tokens, sglang_request

@@ -8,7 +8,7 @@ import logging
 import os
 
 from token_proxy.errors import BackendTimeout
-from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.sglang.discovery import ProxyContext
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,7 @@ from token_proxy.api.logprobs import TokenNamer
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.output_rules import ResponseMeta
-from token_proxy.pipeline.request_ids import header_request_id, new_request_id
-from token_proxy.pipeline.request_stats import RequestStats, stats_of
+from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, stats_of
 from token_proxy.pipeline.run import Job, run_pipeline
 from token_proxy.pipeline.target import resolve_target
 from token_proxy.sglang.discovery import CONTEXT, ProxyContext

@@ -17,7 +17,7 @@ from aiohttp import web
 from token_proxy.http_io import response_headers
 from token_proxy.ops.metrics import METRICS
 from token_proxy.pipeline.output_rules import Output, Usage
-from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.sessions import (
     HEADER,
     Fallback,

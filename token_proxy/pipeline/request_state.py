@@ -1,11 +1,30 @@
-"""What one request did, filled in by handlers and read by whoever reports it (metrics, logs)."""
+"""One request's own state: its ids (the client's, or new ones), the clock that stamps responses, and
+what it did (RequestStats: filled in by handlers, read by whoever reports it: metrics, logs)."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+MAX_CLIENT_ID = 256
+
+
+def new_request_id(prefix: str, client_id: str | None) -> str:
+    return f"{prefix}-{client_id or uuid.uuid4().hex}"
+
+
+def header_request_id(request: web.Request) -> str | None:
+    """The client's X-Request-Id when usable as an SGLang rid and a response header: printable
+    (no control characters, no undecodable bytes) and at most MAX_CLIENT_ID characters."""
+    given = (request.headers.get("X-Request-Id") or "").strip()[:MAX_CLIENT_ID]
+    return given if given and given.isprintable() else None
+
+
+def now() -> int:
+    return int(time.time())
 
 
 @dataclass(slots=True)
