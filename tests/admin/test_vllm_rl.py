@@ -12,7 +12,7 @@ import pytest
 from tests.support.admin_fixtures import free_port, until
 from token_proxy.admin.workers import ADMIN
 from token_proxy.api.sampling import SamplingRequest
-from token_proxy.sglang.aborts import response_id_of
+from token_proxy.sglang.client import response_id_of
 from token_proxy.sglang.discovery import CONTEXT
 from token_proxy.sglang.payload import sglang_request
 from token_proxy.sglang.versions import features_for

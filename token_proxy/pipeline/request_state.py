@@ -61,6 +61,9 @@ class RequestStats:
         if self.first_token_at is None:
             self.first_token_at = self.last_event_at = time.perf_counter()
 
+    def mark_client_gone(self) -> None:
+        self.client_disconnected = True
+
     def mark_event(self) -> None:
         """One batch of stream events arrived: one perf_counter and one append per batch, not per token."""
         at = time.perf_counter()

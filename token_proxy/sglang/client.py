@@ -27,9 +27,11 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -409,6 +411,56 @@ def _message_of(parsed) -> str | None:
     if isinstance(error, str):
         return error
     return parsed.get("message")
+
+
+# --- calls on behalf of one client request: nothing keeps generating for nobody -----------------
+
+# Why a request ends early: the client went away (cancellation, reset) or SGLang was too slow.
+_ABORT_ON = (asyncio.CancelledError, ConnectionResetError, BackendTimeout)
+
+
+class InFlight(Protocol):
+    """What aborting needs of the shared state (ProxyContext has it): the client, the rids being served
+    by response id, and a way to run work that outlives a cancelled handler."""
+
+    client: SGLangClient
+    in_flight: dict[str, list[str]]
+
+    def spawn(self, coro: Coroutine) -> object: ...
+
+
+@contextlib.asynccontextmanager
+async def aborting_on_exit(ctx: InFlight, rids: list[str], on_client_gone: Callable[[], None] | None = None):
+    """Abort the SGLang requests `rids` if the block ends because the client left or time ran out
+    (`on_client_gone()` when it was the client: the caller's stats). Meanwhile they are listed in
+    `ctx.in_flight` under their response id (an admin abort finds them)."""
+    request_id = response_id_of(rids)
+    ctx.in_flight[request_id] = rids
+    try:
+        yield
+    except _ABORT_ON as exc:
+        log.info("aborting SGLang request %s (%s)", rids, type(exc).__name__)
+        if on_client_gone is not None and not isinstance(exc, BackendTimeout):
+            on_client_gone()
+        abort_all_of(ctx, rids)
+        raise
+    finally:
+        if ctx.in_flight.get(request_id) is rids:  # not a later request reusing the client's id
+            del ctx.in_flight[request_id]
+
+
+def response_id_of(rids: list[str]) -> str:
+    """The response id the rids were made from (sglang/payload.py): one rid is the id itself;
+    several (n samples, several prompts) are `<id>-<i>[-<j>]`, with items 0 and 1 differing right after
+    `<id>-`, so their common prefix is `<id>-`."""
+    if len(rids) == 1:
+        return rids[0]
+    return os.path.commonprefix(rids)[:-1]
+
+
+def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
+    for rid in rids:
+        ctx.spawn(ctx.client.abort(rid))
 
 
 # --- the pool, and the one retry a closed idle connection earns ---------------------------------
