@@ -111,7 +111,10 @@ class ChatEndpoint:
         return [ids]
 
     async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
-        namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
+        sampling = self.req.sampling
+        # Token names are for logprobs only: a chat that asks for none never builds a namer.
+        namer = (TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
+                 if sampling.logprobs or sampling.prompt_logprobs is not None else None)
         session = self.session
         formatter = ChatFormatter(self.req, meta, namer, output_parser(self.req, self.features),
                                   session.field() if session is not None else None)
