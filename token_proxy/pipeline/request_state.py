@@ -75,6 +75,27 @@ class RequestStats:
 STATS = web.RequestKey("stats", RequestStats)
 
 
+REQUEST_ID = web.RequestKey("request_id", str)
+
+
+def request_id_of(request: web.Request) -> str:
+    """The id the client sees in X-Request-Id and the log line shows: the rid SGLang was given
+    when there was one, else the client's own X-Request-Id, else a fresh one. Fixed on first use,
+    so the header (sent when the response starts) and the log line (after it ends) agree."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        stats = request.get(STATS)
+        rid = (stats.backend_rid if stats is not None else None) or header_request_id(request) or uuid.uuid4().hex
+        request[REQUEST_ID] = rid
+    return rid
+
+
+async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: runs before the headers go out, streams included (here, not in ops/, so a
+    stream that opens its response inside the handler runs no ops/ code)."""
+    response.headers["X-Request-Id"] = request_id_of(request)
+
+
 def stats_of(request: web.Request) -> RequestStats:
     """The request's stats, created on first use (middleware may have created them already)."""
     stats = request.get(STATS)
