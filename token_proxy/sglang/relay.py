@@ -229,8 +229,14 @@ class RelayStream(asyncio.Protocol):
                 continue
             self._left = length
         self._buf = buf[pos:] if pos < size else b""
-        if out:
-            self._body_bytes(out[0] if len(out) == 1 else b"".join(out))
+        if out and self._status == 200:  # _body_bytes inlined: one SGLang event per network read lands here
+            events, end = self._feed(out[0] if len(out) == 1 else b"".join(out))
+            if events:
+                self._deliver(events)
+            if end is not None:
+                self._stream_end(end)
+        elif out:
+            self._body_bytes(b"".join(out))
 
     def _headers(self, buf: bytes) -> bytes | None:
         while True:
@@ -267,11 +273,14 @@ class RelayStream(asyncio.Protocol):
         events, end = self._feed(data)
         if events:
             self._deliver(events)
-        if end is not None:  # what ends the stream, after the events before it: [DONE] or an error
-            if end is DONE_EVENT:
-                self._end()
-                return
+        if end is not None:
+            self._stream_end(end)
+
+    def _stream_end(self, end: object) -> None:
+        """What ends the stream, after the events before it: [DONE], or an error (raised)."""
+        if end is not DONE_EVENT:
             raise end
+        self._end()
 
     def _body_end(self) -> None:
         if self._status != 200:
