@@ -262,11 +262,13 @@ class OutputRules:
             if new_text.startswith(state.text[: state.sent_chars]):
                 state.text = new_text
             # else: SGLang rewrote text already sent (cannot be unsent); keep what we had.
-        state.ids_seen += len(ids)
+        new_tokens = len(ids)
+        state.ids_seen += new_tokens
         if logprobs:
             state.logprobs_seen += len(logprobs)
         if self._stop_ids:
             ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
+            new_tokens = len(ids)
         text, sent = state.text, state.sent_chars
         if finish is not None:
             end = len(self._final_text(state, finish))
@@ -281,7 +283,6 @@ class OutputRules:
             text = ""
         else:
             return None
-        new_tokens = len(ids)
         if version is not None and new_tokens and version != state.version:
             state.version = version
             self._versions.track(index, version, state.ids_seen - new_tokens)
