@@ -30,7 +30,7 @@ from token_proxy.api.chat.request import parse_chat_request
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.pipeline.call import _relay
 from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
-from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang import client as client_module
 from token_proxy.sglang.relay import RelayStream

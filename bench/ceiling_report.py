@@ -23,8 +23,7 @@ def load(paths: list[str]) -> list[dict]:
     rows = []
     for run, path in enumerate(paths):
         with open(path) as f:
-            for row in json.load(f):
-                rows.append({**row, "run": run})
+            rows.extend({**row, "run": run} for row in json.load(f))
     return rows
 
 
@@ -44,8 +43,9 @@ def fmt(value, digits: int = 1) -> str:
 def table(rows: list[dict]) -> list[str]:
     ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
     chat = {key_of(r): r for r in rows if r["target"] == "chat"}
-    lines = ["| stream | prompts | conc | target | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | TTFT p50 ms "
-             "| SGLang's TTFT mean ms | proxy CPU ms/req | errors |", "|" + "---|" * 13]
+    header = ("| stream | prompts | conc | target | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | TTFT p50 ms "
+              "| SGLang's TTFT mean ms | proxy CPU ms/req | errors |")
+    lines = [header, "|" + "---|" * 13]
     order = {"generate": 0, "chat": 1, "proxy": 2}
     for r in sorted(rows, key=lambda r: (not r["stream"], r["repeats"], r["concurrency"], order[r["target"]],
                                          r["workers"] or 0, r["run"])):
@@ -61,9 +61,9 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    import matplotlib
+    import matplotlib as mpl
 
-    matplotlib.use("Agg")
+    mpl.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)

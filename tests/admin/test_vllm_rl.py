@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.admin_fixtures import free_port, until
 from token_proxy.admin.workers import ADMIN
-from token_proxy.sglang.aborts import response_id_of
+from token_proxy.sglang.client import response_id_of
 from token_proxy.sglang.payload import SamplingRequest, sglang_request
 from token_proxy.sglang.versions import features_for
 from token_proxy.simulator import SIM_STATE, params

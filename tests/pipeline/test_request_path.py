@@ -81,8 +81,6 @@ async def test_a_plain_chat_runs_the_modules_architecture_lists(traced_proxy):
     assert ran["app", True] == table["stream"] | table["middleware"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21: a plain chat runs 23 modules today; the redesign brings it "
-                                       "to 15 (then drop this mark)")
 async def test_a_plain_chat_runs_at_most_15_modules(traced_proxy):
     client, probe = traced_proxy
     assert len(await modules_run(client, probe, "handler", False)) <= TARGET

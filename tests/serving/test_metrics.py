@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from token_proxy.ops.metrics import METRICS, UNMATCHED
-from token_proxy.pipeline.request_stats import stats_of
+from token_proxy.pipeline.request_state import stats_of
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"
@@ -225,7 +225,7 @@ async def test_middleware_costs_microseconds(proxy):
     """A budget, not a benchmark: the middleware's own work stays far below a millisecond."""
     import time
 
-    from token_proxy.pipeline.request_stats import RequestStats
+    from token_proxy.pipeline.request_state import RequestStats
 
     metrics = proxy.app[METRICS]
     stats = RequestStats(endpoint=CHAT, stream=True, prompt_tokens=10, completion_tokens=20, prompt_cache_hit=True,

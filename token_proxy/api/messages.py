@@ -10,15 +10,16 @@ from token_proxy.tools import messages_for_template
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-def parse_chat_prompt(body: dict) -> ChatPrompt:
+def parse_chat_prompt(body: dict, uses_tools: bool = True) -> ChatPrompt:
     add_generation_prompt = opt_bool(body, "add_generation_prompt", True)
     continue_final_message = opt_bool(body, "continue_final_message", False)
     if add_generation_prompt and continue_final_message:
         raise bad("continue_final_message",
                   "Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
     kwargs = opt_dict(body, "chat_template_kwargs")
+    messages = parse_messages(body.get("messages"))
     return ChatPrompt(
-        messages=messages_for_template(parse_messages(body.get("messages"))),
+        messages=messages_for_template(messages) if uses_tools else messages,
         tools=_parse_tools(body),
         documents=_parse_documents(body),
         chat_template=opt_str(body, "chat_template"),

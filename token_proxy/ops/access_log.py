@@ -1,4 +1,4 @@
-"""One JSON line per request, the X-Request-Id header that names it, and the process's log setup.
+"""One JSON line per request (named by pipeline/request_state.py's X-Request-Id) and the process's log setup.
 
 Lines leave the event loop through one LogWriter (log_writer.py): a thread writes them in batches of
 whole lines, so a slow stderr (a full pipe, a blocked terminal) never stalls requests, and with
@@ -13,39 +13,19 @@ import logging
 import os
 import sys
 import time
-import uuid
 
 import orjson
 from aiohttp import web
 
 from token_proxy.http_io import route_of
 from token_proxy.ops.log_writer import LogWriter
-from token_proxy.pipeline.request_ids import header_request_id
-from token_proxy.pipeline.request_stats import STATS, RequestStats
+from token_proxy.pipeline.request_state import RequestStats, request_id_of
 
 ACCESS_LOGGER = "token_proxy.access"
 access_log = logging.getLogger(ACCESS_LOGGER)
 
-REQUEST_ID = web.RequestKey("request_id", str)
 # With --workers N: this process's worker number, in every access line ("worker").
 WORKER_INDEX = web.AppKey("worker_index", int)
-
-
-def request_id_of(request: web.Request) -> str:
-    """The id the client sees in X-Request-Id and the log line shows: the rid SGLang was given
-    when there was one, else the client's own X-Request-Id, else a fresh one. Fixed on first use,
-    so the header (sent when the response starts) and the log line (after it ends) agree."""
-    rid = request.get(REQUEST_ID)
-    if rid is None:
-        stats = request.get(STATS)
-        rid = (stats.backend_rid if stats is not None else None) or header_request_id(request) or uuid.uuid4().hex
-        request[REQUEST_ID] = rid
-    return rid
-
-
-async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
-    """on_response_prepare: runs before the headers go out, streams included."""
-    response.headers["X-Request-Id"] = request_id_of(request)
 
 
 def log_request(request: web.Request, endpoint: str, status: int, stats: RequestStats,

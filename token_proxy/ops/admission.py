@@ -14,7 +14,7 @@ from aiohttp import web
 
 from token_proxy.errors import ProxyError
 from token_proxy.http_io import INFERENCE, route_kind
-from token_proxy.pipeline.request_stats import stats_of
+from token_proxy.pipeline.request_state import stats_of
 
 
 class Overloaded(ProxyError):

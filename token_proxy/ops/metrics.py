@@ -37,9 +37,9 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.http_io import INFERENCE, route_kind, routes_where
-from token_proxy.ops.access_log import add_request_id_header, log_request
+from token_proxy.ops.access_log import log_request
 from token_proxy.ops.vllm_metrics import BackendMetrics
-from token_proxy.pipeline.request_stats import RequestStats, stats_of
+from token_proxy.pipeline.request_state import RequestStats, add_request_id_header, stats_of
 from token_proxy.role import ROLE
 from token_proxy.sglang.client import RETRY_REASONS
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR, SETTINGS

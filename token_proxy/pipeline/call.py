@@ -13,9 +13,9 @@ from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.lora.leases import Reloads, retry_if_lost
 from token_proxy.pipeline.output_rules import Output, OutputRules
-from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
-from token_proxy.sglang.aborts import abort_all_of, aborting_on_exit
+from token_proxy.sglang.client import abort_all_of, aborting_on_exit
 from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.state import ProxyContext
 
@@ -24,7 +24,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
                          stats: RequestStats, lora: Reloads | None = None) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
     request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
-    async with aborting_on_exit(ctx, call.rids, stats):
+    async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         send = lambda: ctx.client.generate(call.body)
         stats.mark_sent()
         items = await (send() if lora is None else retry_if_lost(lora, send))
@@ -37,7 +37,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
 async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
                             formatter, stats: RequestStats, lora: Reloads | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
-    async with aborting_on_exit(ctx, call.rids, stats), contextlib.AsyncExitStack() as stack:
+    async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
         opened = lambda: _open_stream(ctx, call.body, stack)
         stats.mark_sent()
         stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))

@@ -11,25 +11,29 @@ endpoint can drift from another:
 - SGLang's two stream modes (cumulative or --incremental-streaming-output) give the same outputs.
 Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token ids go out at once.
 
-`feed` runs once per stream event, that is per token: `feed_running` is `feed` cut down to the common
-event (a plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py).
+`feed` runs once per stream event, that is per token: `feed_running` is `feed` for the common event (a
+plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py). Both
+run one core, `_advance` (every state change an event makes, written out without helper calls: it runs
+per token); `feed` adds the choice's start and finish around it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from token_proxy.pipeline.weight_versions import VersionSpans
 from token_proxy.sglang.payload import SamplingRequest
 
 REPLACEMENT = "\ufffd"
 _NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
 _EMPTY: dict = {}
+_NO_ITEMS: list = []  # never changed: an event without ids or logprobs
 # An incremental choice keeps only text not yet sent plus the longest stop string's length of sent text
 # (what a final stop-string trim may look at): past this many sent characters, the rest is dropped, so
 # a long output is not copied whole on every event (quadratic: seconds of CPU at 64k tokens).
 _COMPACT_AT = 4096
 NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use `feed`
+_RUNNING: Any = object()  # _advance's index when called as feed_running
 
 
 @dataclass(slots=True)
@@ -99,6 +103,43 @@ class _Choice:
     ids: list = field(default_factory=list)  # kept only while the proxy enforces stop ids
     started: bool = False
     finished: bool = False
+    version: object = None  # the weight version last tracked (most events repeat it)
+
+
+# vLLM's `weight_versions` (WeightVersionSpan: output tokens [start, end) were sampled by weights labelled
+# `version`) from the weight_version SGLang reports in each reply's meta_info. A stream sees the version of
+# every event, so a choice that spans a weight update gets one span per version, split where the version
+# changed. A non-streaming reply carries only the version SGLang reported when it finished; its single span
+# covers the whole output (the output rules see it as one event).
+
+def span(version: str, start: int, end: int) -> dict:
+    return {"version": version, "start": start, "end": end}
+
+
+class VersionSpans:
+    """Per choice: where each version started producing tokens (vLLM's track_weight_version)."""
+
+    def __init__(self) -> None:
+        self._starts: dict[int, list[tuple[str, int]]] = {}
+
+    def track(self, index: int, version, tokens_before: int) -> None:
+        """Choice `index` produced tokens from `tokens_before` on with weights `version` (called when the
+        version differs from the last one tracked)."""
+        starts = self._starts.setdefault(index, [])
+        if not starts or starts[-1][0] != str(version):
+            starts.append((str(version), tokens_before))
+
+    def spans(self, index: int, num_tokens: int, reported=None) -> list[dict] | None:
+        """SGLang 0.5.19+ reports exact spans on a finished reply (`reported`): those win, cut to
+        `num_tokens` (the proxy may end a choice early at a stop id)."""
+        if isinstance(reported, list) and reported and all(isinstance(s, dict) for s in reported):
+            return [span(str(s.get("version")), s.get("start", 0), min(s.get("end", num_tokens), num_tokens))
+                    for s in reported if s.get("start", 0) < num_tokens or s.get("start", 0) == 0]
+        starts = self._starts.get(index)
+        if not starts:
+            return None
+        ends = [start for _, start in starts[1:]] + [num_tokens]
+        return [span(version, start, end) for (version, start), end in zip(starts, ends)]
 
 
 class OutputRules:
@@ -121,8 +162,6 @@ class OutputRules:
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         self._versions = VersionSpans()  # a choice that spans a weight update reports each version
-        # feed_running's last tracked version (only `feed` tracks before it starts and after it ends)
-        self._running_version: object = None
         self.finish_reasons: list[str] = []  # vLLM's, one per finished choice (vllm:request_success_total)
 
     @property
@@ -160,70 +199,14 @@ class OutputRules:
         """One stream event -> the new output of its choice (None when there is nothing to send yet)."""
         return self._feed(event.get("index", 0), event)
 
-    def feed_running(self, event: dict):
-        """`feed` for a `plain` stream's event that continues its started choice: the same state
-        changes, returning only the new (text, token ids), or None when there is nothing to send.
-        Any other event (the first, the last, another index) returns NOT_RUNNING untouched: `feed` it."""
-        meta = event.get("meta_info") or _EMPTY
-        state = self._choices[0]
-        if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
-            return NOT_RUNNING
-        # `feed`'s steps inlined for a plain choice (no holdback, no stop ids, SGLang's deltas): this runs
-        # once per token, and the calls were most of its cost.
-        cached = meta.get("cached_tokens")
-        if cached:
-            self.cached_tokens = cached
-        if "weight_version" in meta:
-            version = self.weight_version = meta["weight_version"]
-        else:
-            version = None
-        ids = event.get("output_ids") or []
-        new_tokens = len(ids)
-        state.ids_seen += new_tokens
-        logprobs = meta.get("output_token_logprobs")
-        if logprobs:
-            state.logprobs_seen += len(logprobs)
-        if state.sent_chars > self._compact_at:
-            self._take_text(state, event.get("text") or "")
-        else:
-            state.text += event.get("text") or ""
-        text, sent = state.text, state.sent_chars
-        end = len(text)
-        while end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits for its end
-            end -= 1
-        if end == sent:
-            if not ids:
-                return None
-            delta = ""
-        else:
-            delta = text[sent:end]
-            state.sent_chars = end
-        if version is not None and new_tokens and version != self._running_version:  # most events repeat it
-            self._running_version = version
-            self._versions.track(0, version, state.ids_seen - new_tokens, new_tokens)
-        return delta, ids
-
     def _feed(self, index: int, event: dict) -> Output | None:
-        if not 0 <= index < len(self._choices) or self._choices[index].finished:
+        new = self._advance(event, index)
+        if new is None:
             return None
+        text, ids, logprobs, top, finish = new
         state = self._choices[index]
-        meta = event.get("meta_info") or {}
-        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
-        self.weight_version = meta.get("weight_version", self.weight_version)
-        ids = self._new_items(event.get("output_ids") or [], state.ids_seen)
-        logprobs = self._new_items(meta.get("output_token_logprobs") or [], state.logprobs_seen)
-        top = self._new_items(meta.get("output_top_logprobs") or [], state.logprobs_seen)
-        state.ids_seen += len(ids)
-        state.logprobs_seen += len(logprobs)
-        finish = meta.get("finish_reason")
-        self._take_text(state, event.get("text") or "")
-        if self._stop_ids:
-            ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
-        text = self._releasable(state, finish)
-        if not ids and not text and finish is None:
-            return None
-        self._track(state, index, meta.get("weight_version"), len(ids))
         first, state.started = not state.started, True
+        meta = event.get("meta_info") or {}
         if finish is None:
             return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
         state.finished = True
@@ -232,33 +215,80 @@ class OutputRules:
         return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
                       self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 
-    def _track(self, state: _Choice, index: int, version, new_tokens: int) -> None:
-        """A span starts where the version changes (every event reports it, most repeat the last)."""
-        self._versions.track(index, version, state.ids_seen - new_tokens, new_tokens)
+    def _advance(self, event: dict, index: int = _RUNNING) -> tuple | object | None:
+        """Every state change one event makes to its choice -> (text, ids, logprobs, top, finish) to send, or
+        None when there is nothing to send yet: cached tokens and the weight version from meta_info; the new
+        ids and logprobs (a cumulative stream's events repeat what was seen) counted; the text taken (an
+        incremental one compacted, see _COMPACT_AT); a proxy stop id cut (it sets `finish`); the text that
+        can be released (not a possible stop string's start, not an incomplete character; at the finish,
+        the final text); the weight version's span. `_feed` adds the choice's start and finish.
 
-    def _new_items(self, items: list, seen: int) -> list:
-        return items if self._incremental else items[seen:]
-
-    def _take_text(self, state: _Choice, text: str) -> None:
+        Called without `index`, it is `feed_running`: for a `plain` stream's event that continues its
+        started choice (use the first two items, the new text and ids); any other event (the first, the
+        last, another index) returns NOT_RUNNING untouched: `feed` it. One function for both, with its
+        helpers written out, because it runs once per token."""
+        meta = event.get("meta_info") or _EMPTY
+        if index is _RUNNING:
+            state = self._choices[0]
+            if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
+                return NOT_RUNNING
+            index, finish = 0, None
+        else:
+            if not 0 <= index < len(self._choices) or self._choices[index].finished:
+                return None
+            state = self._choices[index]
+            finish = meta.get("finish_reason")
+        cached = meta.get("cached_tokens")
+        if cached:
+            self.cached_tokens = cached
+        if "weight_version" in meta:
+            version = self.weight_version = meta["weight_version"]
+        else:
+            version = None
+        ids = event.get("output_ids") or _NO_ITEMS
+        logprobs = meta.get("output_token_logprobs")
+        if logprobs:  # the top rows come with them (SGLang's top_logprobs_num needs return_logprob)
+            top = meta.get("output_top_logprobs") or _NO_ITEMS
+        else:
+            logprobs = top = _NO_ITEMS
+        new_text = event.get("text") or ""
         if self._incremental:
             if self._compact_at is not None and state.sent_chars > self._compact_at:
                 drop = state.sent_chars - self._holdback - 1  # keep the longest stop string's length
                 state.text, state.sent_chars = state.text[drop:], state.sent_chars - drop
-            state.text += text
-        elif text.startswith(state.text[: state.sent_chars]):
-            state.text = text
-        # else: SGLang rewrote text already sent (cannot be unsent); keep what we had.
-
-    def _releasable(self, state: _Choice, finish: dict | None) -> str:
+            state.text += new_text
+        else:
+            ids, logprobs, top = ids[state.ids_seen:], logprobs[state.logprobs_seen:], top[state.logprobs_seen:]
+            if new_text.startswith(state.text[: state.sent_chars]):
+                state.text = new_text
+            # else: SGLang rewrote text already sent (cannot be unsent); keep what we had.
+        new_tokens = len(ids)
+        state.ids_seen += new_tokens
+        if logprobs:
+            state.logprobs_seen += len(logprobs)
+        if self._stop_ids:
+            ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
+            new_tokens = len(ids)
+        text, sent = state.text, state.sent_chars
         if finish is not None:
             end = len(self._final_text(state, finish))
         else:
-            end = max(state.sent_chars, len(state.text) - self._holdback)
-            while end > state.sent_chars and state.text[end - 1] == REPLACEMENT:
+            end = max(len(text) - self._holdback, sent) if self._holdback else len(text)
+            while end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits for its end
                 end -= 1
-        delta = state.text[state.sent_chars:end]
-        state.sent_chars = max(state.sent_chars, end)
-        return delta
+        if end > sent:
+            state.sent_chars = end
+            text = text[sent:end]
+        elif ids or finish is not None:
+            text = ""
+        else:
+            return None
+        if version is not None and new_tokens and version != state.version:
+            state.version = version
+            self._versions.track(index, version, state.ids_seen - new_tokens)
+        return text, ids, logprobs, top, finish
+
+    feed_running = _advance  # the same function (a call less per token); see its docstring
 
     def _final_text(self, state: _Choice, finish: dict) -> str:
         """Incremental streams may still end in the stop string; vLLM trims it unless asked not to."""

@@ -7,25 +7,70 @@ parse (the endpoint's) -> resolve model -> prompt ids (the endpoint's) -> limits
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 
-from token_proxy.errors import InvalidRequest
+from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import json_response, response_headers
+from token_proxy.lora.registry import ADAPTERS, Lease
 from token_proxy.lora.workers import LORA
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
-from token_proxy.pipeline.request_ids import header_request_id, new_request_id, now
-from token_proxy.pipeline.request_stats import RequestStats, stats_of
-from token_proxy.pipeline.target import ModelTarget, resolve_target
+from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
 from token_proxy.sglang.payload import SamplingRequest, resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"
 
+
+# ---- step 2: which model serves the request: the base model, or a loaded LoRA adapter
+
+@dataclass(frozen=True, slots=True)
+class ModelTarget:
+    """The model a request runs on: `name` is what responses report; `lora_path` (when set) goes to
+    SGLang as /generate's `lora_path`, selecting a loaded adapter. An adapter request holds a `lease`
+    on the adapter version it resolved, so an in-place reload never unloads it under the request."""
+
+    name: str
+    lora_path: str | None = None
+    lease: Lease | None = None
+
+    def release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+
+
+async def resolve_target(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
+    """resolve_model; under --workers, a name this worker's adapter mirror does not know yet is looked
+    up once more after asking the admin owner for its map (a load through another worker just now)."""
+    try:
+        return resolve_model(app, ctx, requested)
+    except NotFound:
+        registry = app.get(ADAPTERS)
+        if registry is None or registry.on_miss is None:
+            raise
+        await registry.on_miss()
+        return resolve_model(app, ctx, requested)
+
+
+def resolve_model(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
+    """The request's `model` -> its target. Absent means the served model; otherwise a loaded adapter's
+    name, or vLLM's 404 "The model `x` does not exist."."""
+    served = ctx.backend.served_model_name
+    if requested is None or requested == served:
+        return ModelTarget(served)
+    registry = app.get(ADAPTERS)
+    lease = registry.lease(requested) if registry is not None else None
+    if lease is None:
+        raise NotFound(f"The model `{requested}` does not exist.", param="model")
+    return ModelTarget(requested, lease.lora_path, lease)
+
+
+# ---- the sequence
 
 class Formatter(Protocol):
     """An endpoint's response shape, over the output rules' `Output`s."""

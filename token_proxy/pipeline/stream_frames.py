@@ -18,7 +18,7 @@ import orjson
 from token_proxy.http_io import DONE, sse_frames
 from token_proxy.pipeline.output_rules import NOT_RUNNING, Output, OutputRules
 
-Template = Callable[[str, list], bytes]  # (new text, new ids) -> one SSE frame
+Template = Callable[[tuple], bytes]  # feed_running's (new text, new ids, ...) -> one SSE frame
 TEXT_PROBE = "\u2063text-probe\u2063"
 IDS_PROBE = [-271828182]
 
@@ -55,14 +55,14 @@ class StreamFrames:
             new = feed_running(events[0])
             if new is NOT_RUNNING:
                 return sse_frames(self._chunks(events))
-            return b"" if new is None else template(*new)
+            return b"" if new is None else template(new)
         out = []
         for event in events:
             new = feed_running(event)
             if new is NOT_RUNNING:
                 out.append(sse_frames(self._chunks((event,))))
             elif new is not None:
-                out.append(template(*new))
+                out.append(template(new))
         return out[0] if len(out) == 1 else b"".join(out)
 
     def finish(self) -> bytes:
@@ -92,11 +92,11 @@ def chunk_template(formatter) -> Template | None:
         if ids not in rest:  # ids before text: no formatter writes that
             return None
         middle, tail = rest.split(ids)
-        return lambda t, i: b"".join((head, orjson.dumps(t), middle, orjson.dumps(i), tail))
+        return lambda new: b"".join((head, orjson.dumps(new[0]), middle, orjson.dumps(new[1]), tail))
     if text in frame:
         head, tail = frame.split(text)
-        return lambda t, i: b"".join((head, orjson.dumps(t), tail))
+        return lambda new: b"".join((head, orjson.dumps(new[0]), tail))
     if ids in frame:
         head, tail = frame.split(ids)
-        return lambda t, i: b"".join((head, orjson.dumps(i), tail))
-    return lambda t, i: frame
+        return lambda new: b"".join((head, orjson.dumps(new[1]), tail))
+    return lambda new: frame

@@ -27,9 +27,11 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -41,8 +43,9 @@ from token_proxy.errors import (
     InvalidRequest,
     ProxyError,
 )
+from token_proxy.sglang.deadline import Deadline
+from token_proxy.sglang.events import DONE_EVENT, EventDecoder
 from token_proxy.sglang.relay import (
-    DONE_EVENT,
     Downstream,
     RelayStream,
     cached_resolver,
@@ -104,56 +107,40 @@ class SGLangClient:
 
         One generator per stream, reading raw chunks (cumulative SGLang events exceed aiohttp's
         64 KiB line limit on long outputs). The idle limit is aiohttp's sock_read until the headers
-        are in, then one watchdog per stream (aiohttp's re-arms a timer on every network read)."""
+        are in, then the stream's Deadline (aiohttp's re-arms a timer on every network read); a limit
+        hit fails the body's read with its BackendTimeout."""
         async with self._post("/generate", payload, self._stream_timeout) as resp:
             if resp.status != 200:
                 raise _error_from_status(resp.status, await resp.read())
             content = resp.content
-            loop = asyncio.get_running_loop()
-            watch = _IdleWatch(loop, self._stream_timeout.sock_read, resp) if self._stream_timeout.sock_read else None
-            # Until the first batch: SGLang's first output must come within the first-token limit.
-            deadline = None if self._first_token_s is None else loop.time() + self._first_token_s
-            pending = b""
+            idle_s = self._stream_timeout.sock_read
+            protocol = resp.connection.protocol if resp.connection is not None else None
+            if idle_s and protocol is not None:
+                protocol.read_timeout = None  # its timer, armed by the last read, runs out once more at most
+            deadline = Deadline(asyncio.get_running_loop(), self._first_token_s, idle_s, content.set_exception)
+            decoder = EventDecoder(_parse_event)
             try:
                 while True:
-                    if watch is not None:
-                        watch.since = loop.time()
-                    if deadline is None:
-                        chunk = await content.readany()
-                    else:
-                        chunk = await _within(content.readany(), deadline - loop.time(), self._first_token_s)
-                    if watch is not None:
-                        watch.since = None
+                    deadline.touch()  # a read waits: the idle gap counts from here
+                    chunk = await content.readany()
+                    deadline.pause()  # the caller works on the events: not SGLang's gap
                     if not chunk:
                         break
-                    if pending:
-                        chunk = pending + chunk
-                    *raw_events, pending = chunk.split(b"\n\n")
-                    if not raw_events:
-                        continue
-                    events = []
-                    for raw in raw_events:
-                        event, error = _parse_event(raw)
-                        if event is DONE_EVENT or error is not None:
-                            if events:
-                                yield events
-                            if error is not None:
-                                raise error
-                            return
-                        if event is not None:
-                            events.append(event)
+                    events, end = decoder.feed(chunk)
                     if events:
-                        deadline = None
+                        deadline.first_done()
                         yield events
-                if pending.strip():
-                    event, error = _parse_event(pending)
-                    if error is not None:
-                        raise error
-                    if event is not None and event is not DONE_EVENT:
-                        yield [event]
+                    if end is not None:
+                        if end is DONE_EVENT:
+                            return
+                        raise end
+                events, end = decoder.close()
+                if events:
+                    yield events
+                if end is not None and end is not DONE_EVENT:
+                    raise end
             finally:
-                if watch is not None:
-                    watch.cancel()
+                deadline.cancel()
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
@@ -293,41 +280,6 @@ class _Call:
         return False
 
 
-async def _within(read, seconds: float, limit: float):
-    try:
-        return await asyncio.wait_for(read, max(0.0, seconds))
-    except asyncio.TimeoutError:
-        raise BackendTimeout(f"SGLang sent no output within the first-token limit of {limit:g} s") from None
-
-
-class _IdleWatch:
-    """The stream's idle limit: fails the response's body with aiohttp's read timeout when a read
-    has waited `limit` seconds (checked by one timer, re-armed only when it fires)."""
-
-    __slots__ = ("_handle", "_limit", "_loop", "_resp", "since")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: float, resp: aiohttp.ClientResponse):
-        self._loop = loop
-        self._limit = limit
-        self._resp = resp
-        self.since: float | None = None  # loop.time() when the read now waiting began
-        protocol = resp.connection.protocol if resp.connection is not None else None
-        if protocol is not None:
-            protocol.read_timeout = None  # its timer, armed by the last read, runs out once more at most
-        self._handle = loop.call_later(limit, self._check)
-
-    def _check(self) -> None:
-        since = self.since
-        left = self._limit if since is None else since + self._limit - self._loop.time()
-        if left > 0:
-            self._handle = self._loop.call_later(left, self._check)
-            return
-        self._resp.content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
 def _parse_event(raw: bytes) -> tuple[dict | object | None, ProxyError | None]:
     """One raw SSE event -> (the event, or DONE_EVENT, or None: no data) or its error."""
     data = _event_data(raw)
@@ -409,6 +361,56 @@ def _message_of(parsed) -> str | None:
     if isinstance(error, str):
         return error
     return parsed.get("message")
+
+
+# --- calls on behalf of one client request: nothing keeps generating for nobody -----------------
+
+# Why a request ends early: the client went away (cancellation, reset) or SGLang was too slow.
+_ABORT_ON = (asyncio.CancelledError, ConnectionResetError, BackendTimeout)
+
+
+class InFlight(Protocol):
+    """What aborting needs of the shared state (ProxyContext has it): the client, the rids being served
+    by response id, and a way to run work that outlives a cancelled handler."""
+
+    client: SGLangClient
+    in_flight: dict[str, list[str]]
+
+    def spawn(self, coro: Coroutine) -> object: ...
+
+
+@contextlib.asynccontextmanager
+async def aborting_on_exit(ctx: InFlight, rids: list[str], on_client_gone: Callable[[], None] | None = None):
+    """Abort the SGLang requests `rids` if the block ends because the client left or time ran out
+    (`on_client_gone()` when it was the client: the caller's stats). Meanwhile they are listed in
+    `ctx.in_flight` under their response id (an admin abort finds them)."""
+    request_id = response_id_of(rids)
+    ctx.in_flight[request_id] = rids
+    try:
+        yield
+    except _ABORT_ON as exc:
+        log.info("aborting SGLang request %s (%s)", rids, type(exc).__name__)
+        if on_client_gone is not None and not isinstance(exc, BackendTimeout):
+            on_client_gone()
+        abort_all_of(ctx, rids)
+        raise
+    finally:
+        if ctx.in_flight.get(request_id) is rids:  # not a later request reusing the client's id
+            del ctx.in_flight[request_id]
+
+
+def response_id_of(rids: list[str]) -> str:
+    """The response id the rids were made from (sglang/payload.py): one rid is the id itself;
+    several (n samples, several prompts) are `<id>-<i>[-<j>]`, with items 0 and 1 differing right after
+    `<id>-`, so their common prefix is `<id>-`."""
+    if len(rids) == 1:
+        return rids[0]
+    return os.path.commonprefix(rids)[:-1]
+
+
+def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
+    for rid in rids:
+        ctx.spawn(ctx.client.abort(rid))
 
 
 # --- the pool, and the one retry a closed idle connection earns ---------------------------------

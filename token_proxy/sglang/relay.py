@@ -9,7 +9,8 @@ client's transport). The handler's task only waits for the end, or for the clien
 reads slower than SGLang writes (then SGLang's connection stops being read: TCP flow control).
 
 Before `relay` starts (the first batch, read while the response's status is still open), events are
-queued for `first`. Every failure is a typed error, with the messages aiohttp's path gives.
+queued for `first`. Every failure is a typed error, with the messages aiohttp's path gives: both readers
+decode events with sglang/events.py and keep time with sglang/deadline.py.
 One connection per stream (`Connection: close`): SGLang closes it after the last chunk.
 """
 
@@ -22,6 +23,8 @@ from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.sglang.deadline import Deadline
+from token_proxy.sglang.events import DONE_EVENT, EventDecoder
 
 Sink = Callable[[list], bool]  # a read's events -> True to stop reading (the proxy ended the output)
 _LINGER_S = 2.0  # after a clean end, how long SGLang gets to close first (so no TIME_WAIT here)
@@ -53,9 +56,11 @@ class RelayStream(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str, idle_s: float | None,
                  parse_event: Callable[[bytes], tuple[dict | None, ProxyError | None]],
                  error_from_status: Callable[[int, bytes], ProxyError]):
+        """`parse_event`, `error_from_status`: sglang/client.py's (it passes them; the decoder is events.py's)."""
         self._loop = loop
         self._base_url = base_url
-        self._parse_event = parse_event
+        self._decoder = EventDecoder(parse_event)
+        self._feed = self._decoder.feed  # bound once: it runs per network read
         self._error_from_status = error_from_status
         self.transport: asyncio.Transport | None = None
         self._buf = b""  # raw bytes not yet parsed (headers or chunk framing)
@@ -65,7 +70,6 @@ class RelayStream(asyncio.Protocol):
         self._left = 0  # bytes left of the current chunk's payload
         self._skip = 0  # bytes left of the CRLF after it
         self._body = b""  # a non-200 answer's body
-        self._pending = b""  # SSE bytes after the last complete event
         self._queue: list[list[dict]] = []
         self._sink: Sink | None = None
         self._downstream: Downstream | None = None
@@ -75,20 +79,16 @@ class RelayStream(asyncio.Protocol):
         self._lost = False
         self._paused = False
         self._idle_s = idle_s
-        self._last_read = loop.time()
-        self._timers: list[asyncio.TimerHandle] = []
+        self._deadline = Deadline(loop, None, None, self._fail)  # no limits until start_timers
         self.first_token_s: float | None = None
 
     # ------------------------------------------------------------ the handler's side
 
     async def first(self) -> list[dict] | None:
-        """The first batch of events (None: the stream ended without any)."""
-        seconds = self.first_token_s
+        """The first batch of events (None: the stream ended without any); the deadline's first-token
+        limit fails the stream if it does not come in time."""
         if not self._queue and self._error is None and not self._ended:
-            try:
-                await asyncio.wait_for(self._wait(), seconds)
-            except asyncio.TimeoutError:
-                raise BackendTimeout(f"SGLang sent no output within the first-token limit of {seconds:g} s") from None
+            await self._wait()
         if self._queue:
             return self._queue.pop(0)
         if self._error is not None:
@@ -113,13 +113,12 @@ class RelayStream(asyncio.Protocol):
                 self._paused = False
                 if self.transport is not None and not self._lost:
                     self.transport.resume_reading()
-                self._last_read = self._loop.time()
+                self._deadline.touch()
                 continue
             await self._wait()
 
     async def aclose(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
+        self._deadline.cancel()
         if self.transport is None or self._lost:
             return
         if self._ended and self._error is None:
@@ -144,21 +143,9 @@ class RelayStream(asyncio.Protocol):
     # ------------------------------------------------------------ timers
 
     def start_timers(self, total_s: float | None) -> None:
-        if total_s:
-            self._timers.append(self._loop.call_later(
-                total_s, self._fail, BackendTimeout("SGLang did not finish the request in time")))
-        if self._idle_s:
-            self._timers.append(self._loop.call_later(self._idle_s, self._check_idle))
-
-    def _check_idle(self) -> None:
-        if self._ended or self._error is not None:
-            return
-        left = self._idle_s if self._paused else self._last_read + self._idle_s - self._loop.time()
-        if left > 0:
-            self._timers.append(self._loop.call_later(left, self._check_idle))
-            return
-        self._fail(BackendTimeout("SGLang stalled: no data from it within the idle limit "
-                                  "(Timeout on reading data from socket)"))
+        """The first-token, idle and total limits (a limit hit fails the stream with its BackendTimeout)."""
+        self._deadline.cancel()
+        self._deadline = Deadline(self._loop, self.first_token_s, self._idle_s, self._fail, total_s)
 
     # ------------------------------------------------------------ the connection's side
 
@@ -178,7 +165,7 @@ class RelayStream(asyncio.Protocol):
         self._fail(BackendUnavailable(f"SGLang closed the connection mid-response: {exc or 'connection closed'}"))
 
     def data_received(self, data: bytes) -> None:
-        self._last_read = self._loop.time()
+        self._deadline.since = self._loop.time()  # Deadline.touch() inlined: once per network read
         if self._ended or self._error is not None:
             return
         try:
@@ -242,8 +229,14 @@ class RelayStream(asyncio.Protocol):
                 continue
             self._left = length
         self._buf = buf[pos:] if pos < size else b""
-        if out:
-            self._body_bytes(out[0] if len(out) == 1 else b"".join(out))
+        if out and self._status == 200:  # _body_bytes inlined: one SGLang event per network read lands here
+            events, end = self._feed(out[0] if len(out) == 1 else b"".join(out))
+            if events:
+                self._deliver(events)
+            if end is not None:
+                self._stream_end(end)
+        elif out:
+            self._body_bytes(b"".join(out))
 
     def _headers(self, buf: bytes) -> bytes | None:
         while True:
@@ -277,40 +270,27 @@ class RelayStream(asyncio.Protocol):
         if self._status != 200:
             self._body += data
             return
-        if self._pending:
-            data = self._pending + data
-        *raw_events, self._pending = data.split(b"\n\n")
-        if not raw_events:
-            return
-        events = []
-        for raw in raw_events:
-            event, error = self._parse_event(raw)
-            if error is not None:
-                if events:
-                    self._deliver(events)
-                raise error
-            if event is None:
-                continue
-            if event is DONE_EVENT:
-                if events:
-                    self._deliver(events)
-                self._end()
-                return
-            events.append(event)
+        events, end = self._feed(data)
         if events:
             self._deliver(events)
+        if end is not None:
+            self._stream_end(end)
+
+    def _stream_end(self, end: object) -> None:
+        """What ends the stream, after the events before it: [DONE], or an error (raised)."""
+        if end is not DONE_EVENT:
+            raise end
+        self._end()
 
     def _body_end(self) -> None:
         if self._status != 200:
             self._fail(self._error_from_status(self._status, self._body))
             return
-        if self._pending.strip():
-            pending, self._pending = self._pending, b""
-            event, error = self._parse_event(pending)
-            if error is not None:
-                raise error
-            if event is not None and event is not DONE_EVENT:
-                self._deliver([event])
+        events, end = self._decoder.close()
+        if events:
+            self._deliver(events)
+        if end is not None and end is not DONE_EVENT:
+            raise end
         self._end()
 
     def _deliver(self, events: list[dict]) -> None:
@@ -319,6 +299,7 @@ class RelayStream(asyncio.Protocol):
         sink = self._sink
         if sink is None:
             self._queue.append(events)
+            self._deadline.first_done()  # before first() takes it: the limit is met when events are in
             self._wake()
             return
         if sink(events):
@@ -326,6 +307,7 @@ class RelayStream(asyncio.Protocol):
             return
         if not self._paused and self._downstream.blocked():
             self._paused = True
+            self._deadline.pause()  # a slow client is not SGLang's gap
             if self.transport is not None and not self._lost:
                 self.transport.pause_reading()
             self._wake()
@@ -355,9 +337,6 @@ def _chunk_size(line: bytes) -> int:
     if size < 0:
         raise BackendUnavailable(f"SGLang closed the connection mid-response: bad chunk size {line[:40]!r}")
     return size
-
-
-DONE_EVENT = object()  # what `parse_event` returns for SGLang's [DONE]
 
 
 def cached_resolver(ttl_s: float = 10.0) -> Callable[[str], Awaitable[str]]:

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from token_proxy.api.chat.format import PLAIN_TEXT, ChatFormatter, ChatOutputParser, ToolsAndReasoning
 from token_proxy.api.chat.render import render_response
-from token_proxy.api.chat.request import ChatRequest, ToolFlags, parse_chat_request
+from token_proxy.api.chat.request import ChatFeatures, ChatRequest, ToolFlags, parse_chat_request
 from token_proxy.api.chat.sessions import ChatSession
 from token_proxy.api.fields import token_id_list
 from token_proxy.api.logprobs import TokenNamer
@@ -18,21 +18,20 @@ from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import ResponseMeta
-from token_proxy.pipeline.request_ids import header_request_id, new_request_id
-from token_proxy.pipeline.request_stats import RequestStats, stats_of
-from token_proxy.pipeline.run import run_pipeline
-from token_proxy.pipeline.target import resolve_target
+from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, stats_of
+from token_proxy.pipeline.run import resolve_target, run_pipeline
 from token_proxy.sglang.payload import resolve_max_tokens, with_sampling_overrides
 from token_proxy.state import CONTEXT, ProxyContext
-from token_proxy.tools import OutputParsing, constraint_for, output_parsing, sampling_overrides
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
-    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
-    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req), ChatSession.of(request, body))
-    return await run_pipeline(request, endpoint)
+    flags = tool_flags(ctx)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
+    features = ChatFeatures.for_request(req, body, request.headers, flags)  # None: a plain chat
+    session = ChatSession.of(request, features.session_key) if features and features.session_key else None
+    return await run_pipeline(request, ChatEndpoint(req, features, session))
 
 
 async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
@@ -41,9 +40,10 @@ async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
     ctx = request.app[CONTEXT]
     body = await read_json(request)
     tokens = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size)
-    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    flags = tool_flags(ctx)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
     req = dataclasses.replace(req, prompt_ids=tuple(tokens))
-    return await run_pipeline(request, ChatEndpoint(req, output_parsing_of(ctx, req)))
+    return await run_pipeline(request, ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags)))
 
 
 async def chat_completions_render(request: web.Request) -> web.Response:
@@ -54,9 +54,10 @@ async def chat_completions_render(request: web.Request) -> web.Response:
     body = await read_json(request)
     if isinstance(body, dict) and body.get("use_beam_search"):
         raise InvalidRequest("Beam search is not supported by the render endpoint")  # vLLM's words
-    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, tool_flags(ctx))
+    flags = tool_flags(ctx)
+    req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
     (await resolve_target(request.app, ctx, req.model)).release()  # a known model or adapter (vLLM's 404)
-    endpoint = ChatEndpoint(req, output_parsing_of(ctx, req))
+    endpoint = ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags))
     (ids,) = await endpoint.prompt_ids(ctx, stats_of(request))
     sampling = endpoint.job.sampling
     max_tokens = resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
@@ -67,22 +68,15 @@ async def chat_completions_render(request: web.Request) -> web.Response:
 
 def tool_flags(ctx: ProxyContext) -> ToolFlags:
     settings = ctx.settings
-    return ToolFlags(ctx.tool_parser, settings.enable_auto_tool_choice, settings.exclude_tools_when_tool_choice_none)
+    return ToolFlags(ctx.tool_parser, settings.enable_auto_tool_choice, settings.exclude_tools_when_tool_choice_none,
+                     settings.reasoning_parser, settings.tool_call_streaming)
 
 
-def output_parsing_of(ctx: ProxyContext, req: ChatRequest) -> OutputParsing:
-    """How this request's completions are split into content, reasoning and tool calls (vLLM 0.33's rules)."""
-    return output_parsing(req.tools, req.tool_choice, tool_parser=ctx.tool_parser,
-                          auto_tool_choice=ctx.settings.enable_auto_tool_choice,
-                          reasoning_parser=ctx.settings.reasoning_parser,
-                          chat_template_kwargs=req.prompt.chat_template_kwargs,
-                          parallel_tool_calls=req.parallel_tool_calls, include_reasoning=req.include_reasoning,
-                          tool_call_streaming=ctx.settings.tool_call_streaming)
-
-
-def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:
+def output_parser(req: ChatRequest, features: ChatFeatures | None) -> ChatOutputParser:
     """The output-parser hook: plain text (no work per chunk) unless tools or reasoning are parsed."""
-    if parsing.tool_format is None and parsing.reasoning is None and not parsing.hides_token_metadata:
+    parsing = features.parsing if features is not None else None
+    if parsing is None or (parsing.tool_format is None and parsing.reasoning is None
+                           and not parsing.hides_token_metadata):
         return PLAIN_TEXT
     return ToolsAndReasoning(parsing, req.tool_choice)
 
@@ -90,17 +84,15 @@ def output_parser(req: ChatRequest, parsing: OutputParsing) -> ChatOutputParser:
 @dataclass(slots=True)
 class ChatEndpoint:
     req: ChatRequest
-    parsing: OutputParsing = dataclasses.field(default_factory=OutputParsing)
+    features: ChatFeatures | None = None  # None: a plain chat (no tools, reasoning parser or session)
     session: ChatSession | None = None  # a session request (X-Session-ID / session_id, sessions on)
     job: Job = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         req = self.req
-        # A forced call ("required", a named function) is a json_schema constraint; tool markers that
-        # are special tokens must stay in the text (skip_special_tokens false), as vLLM's parsers ask.
-        overrides = {**(constraint_for(req.tools, req.tool_choice, req.parallel_tool_calls) or {}),
-                     **sampling_overrides(self.parsing)}
-        sampling = with_sampling_overrides(req.sampling, overrides)
+        sampling = req.sampling
+        if self.features is not None:
+            sampling = with_sampling_overrides(sampling, self.features.sampling_overrides)
         self.job = Job("chatcmpl", req.model, sampling, req.output.stream, req.request_id, req.cache_salt,
                        req.priority)
 
@@ -119,8 +111,11 @@ class ChatEndpoint:
         return [ids]
 
     async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
-        namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
+        sampling = self.req.sampling
+        # Token names are for logprobs only: a chat that asks for none never builds a namer.
+        namer = (TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
+                 if sampling.logprobs or sampling.prompt_logprobs is not None else None)
         session = self.session
-        formatter = ChatFormatter(self.req, meta, namer, output_parser(self.req, self.parsing),
+        formatter = ChatFormatter(self.req, meta, namer, output_parser(self.req, self.features),
                                   session.field() if session is not None else None)
         return session.recorder(formatter, self.req.sampling.n) if session is not None else formatter

@@ -96,12 +96,12 @@ def assistant_message(fields: dict) -> dict:
 
 
 class ChatFormatter:
-    def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer,
+    def __init__(self, req: ChatRequest, meta: ResponseMeta, namer: TokenNamer | None,
                  parser: ChatOutputParser = PLAIN_TEXT, session: dict | None = None):
         self._req = req
         self._session = session  # `session_continuity`, on session requests only
         self._meta = meta
-        self._namer = namer
+        self._namer = namer  # None when the request asks for no logprobs (never read then)
         self._parser = parser
         self._prompt_ids = meta.prompt_ids[0]
         self._tool_choices: set[int] = set()  # streamed choices that sent a tool call

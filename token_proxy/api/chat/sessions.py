@@ -16,7 +16,7 @@ from aiohttp import web
 
 from token_proxy.http_io import response_headers
 from token_proxy.pipeline.output_rules import Output, Usage
-from token_proxy.pipeline.request_stats import RequestStats
+from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.sessions import (
     HEADER,
     Fallback,
@@ -25,7 +25,6 @@ from token_proxy.sessions import (
     SessionPlan,
     SessionStore,
     TemplateCodec,
-    session_key,
 )
 from token_proxy.state import REGISTER_COLLECTOR, SETTINGS, ProxyContext
 from token_proxy.tokenization.renderer import ChatPrompt
@@ -56,10 +55,10 @@ class ChatSession:
         self._executor = None
 
     @classmethod
-    def of(cls, request: web.Request, body: dict) -> ChatSession | None:
-        key = session_key(request.headers, body)  # a bad key is a 400 even with sessions off
+    def of(cls, request: web.Request, key: str) -> ChatSession | None:
+        """`key`: ChatFeatures' checked session key (a bad key is a 400 even with sessions off)."""
         store = request.app.get(SESSIONS)
-        return cls(request, store, key) if key is not None and store is not None else None
+        return cls(request, store, key) if store is not None else None
 
     async def prompt_ids(self, ctx: ProxyContext, prompt: ChatPrompt, stats: RequestStats) -> list[int]:
         start = time.perf_counter()

@@ -9,7 +9,7 @@ from aiohttp import web
 from token_proxy.api.fields import bad, opt_bool, opt_str, token_id_list
 from token_proxy.api.messages import parse_chat_prompt
 from token_proxy.http_io import json_response, read_json
-from token_proxy.pipeline.target import resolve_target
+from token_proxy.pipeline.run import resolve_target
 from token_proxy.state import CONTEXT
 
 

@@ -1,11 +1,30 @@
-"""What one request did, filled in by handlers and read by whoever reports it (metrics, logs)."""
+"""One request's own state: its ids (the client's, or new ones), the clock that stamps responses, and
+what it did (RequestStats: filled in by handlers, read by whoever reports it: metrics, logs)."""
 
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+from token_proxy.ids import MAX_ID_CHARS
+
+
+def new_request_id(prefix: str, client_id: str | None) -> str:
+    return f"{prefix}-{client_id or uuid.uuid4().hex}"
+
+
+def header_request_id(request: web.Request) -> str | None:
+    """The client's X-Request-Id when usable as an SGLang rid and a response header: printable
+    (no control characters, no undecodable bytes) and at most MAX_ID_CHARS characters (token_proxy/ids.py)."""
+    given = (request.headers.get("X-Request-Id") or "").strip()[:MAX_ID_CHARS]
+    return given if given and given.isprintable() else None
+
+
+def now() -> int:
+    return int(time.time())
 
 
 @dataclass(slots=True)
@@ -43,6 +62,9 @@ class RequestStats:
         if self.first_token_at is None:
             self.first_token_at = self.last_event_at = time.perf_counter()
 
+    def mark_client_gone(self) -> None:
+        self.client_disconnected = True
+
     def mark_event(self) -> None:
         """One batch of stream events arrived: one perf_counter and one append per batch, not per token."""
         at = time.perf_counter()
@@ -52,6 +74,27 @@ class RequestStats:
 
 
 STATS = web.RequestKey("stats", RequestStats)
+
+
+REQUEST_ID = web.RequestKey("request_id", str)
+
+
+def request_id_of(request: web.Request) -> str:
+    """The id the client sees in X-Request-Id and the log line shows: the rid SGLang was given
+    when there was one, else the client's own X-Request-Id, else a fresh one. Fixed on first use,
+    so the header (sent when the response starts) and the log line (after it ends) agree."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        stats = request.get(STATS)
+        rid = (stats.backend_rid if stats is not None else None) or header_request_id(request) or uuid.uuid4().hex
+        request[REQUEST_ID] = rid
+    return rid
+
+
+async def add_request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: runs before the headers go out, streams included (here, not in ops/, so a
+    stream that opens its response inside the handler runs no ops/ code)."""
+    response.headers["X-Request-Id"] = request_id_of(request)
 
 
 def stats_of(request: web.Request) -> RequestStats:
