@@ -19,28 +19,6 @@ USER = [{"role": "user", "content": "Count slowly."}]
 LOAD_KEYS = ["dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens", "num_pending_tokens", "ts_tic"]
 
 
-class FakeTensor:
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-    def float(self):
-        return self
-
-    def numpy(self):
-        return self
-
-    def tobytes(self):
-        return repr(self.shape).encode()
-
-
-@pytest.fixture
-def fake_group(monkeypatch):
-    """torch is not installed here: the simulator joins and receives without it."""
-    monkeypatch.setattr(params, "join_group", lambda *args: object())
-    monkeypatch.setattr(params, "receive", lambda group, dtypes, shapes: [FakeTensor(s) for s in shapes])
-    monkeypatch.setattr(params, "leave_group", lambda group: None)
-
-
 def without_clock(items: list[dict]) -> list[dict]:
     return [{k: v for k, v in item.items() if k != "ts_tic"} for item in items]
 

@@ -21,7 +21,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.admin.test_vllm_rl import fake_group  # noqa: F401 - fixture: weight-update groups without torch
 from tests.support.admin_fixtures import proxy_url
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.weight_routes import WEIGHTS
@@ -69,7 +68,7 @@ async def served_with_the_pushed_weights(session, url, sims, before: list[int]) 
     assert after != before and len(after) == 6
 
 
-async def test_skyrl_control_plane_calls_replayed_verbatim(skyrl_fleet, fake_group):  # noqa: F811
+async def test_skyrl_control_plane_calls_replayed_verbatim(skyrl_fleet, fake_group):
     proxy, sims = skyrl_fleet
     url = proxy_url(proxy)
     async with aiohttp.ClientSession() as session:
@@ -155,7 +154,7 @@ class InitInfo:
                 "rank_offset": self.rank_offset, "world_size": self.world_size}
 
 
-async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group):  # noqa: F811
+async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group):
     module = load_skyrl_client()
     proxy, sims = skyrl_fleet
     url = proxy_url(proxy)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.admin_fixtures import until
 from token_proxy.admin.workers import ADMIN
-from token_proxy.simulator import SIM_STATE, params
+from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.config import VERSIONS
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.weight_routes import WEIGHTS
@@ -25,29 +25,6 @@ HEAD = {"names": ["lm_head.weight"], "dtypes": ["bfloat16"], "shapes": [[32, 8]]
 VLLM_INIT = {"master_address": "127.0.0.1", "master_port": 29511, "rank_offset": 1, "world_size": 2}
 VLLM_META = {"names": ["model.norm.weight", "lm_head.weight"], "dtype_names": ["bfloat16", "bfloat16"],
              "shapes": [[8], [32, 8]]}
-
-
-class FakeTensor:
-    """What the simulator's receive hands back, without torch (tests/admin/test_broadcast.py receives for real)."""
-
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-    def float(self):
-        return self
-
-    def numpy(self):
-        return self
-
-    def tobytes(self):
-        return repr(self.shape).encode()
-
-
-@pytest.fixture
-def fake_group(monkeypatch):
-    monkeypatch.setattr(params, "join_group", lambda *args: object())
-    monkeypatch.setattr(params, "receive", lambda group, dtypes, shapes: [FakeTensor(s) for s in shapes])
-    monkeypatch.setattr(params, "leave_group", lambda group: None)
 
 
 def weights(sim):
