@@ -92,7 +92,7 @@ def assert_stream_matches(parsing: OutputParsing, text: str):
             for event in tool_events:
                 if event.kind == "tool_call":
                     assert event.index == len(joined) and event.id == stream.tool_calls[event.index].id
-                    joined[event.index] = [event.name, ""]
+                    joined[event.index] = [event.name, event.arguments or ""]  # forced calls: name + first arguments
                 else:
                     assert event.text and event.index in joined, pieces
                     joined[event.index][1] += event.text
@@ -502,7 +502,7 @@ def _joined_fragments(parsing: OutputParsing, pieces: list[str]) -> list[tuple[s
     joined: dict[int, list[str]] = {}
     for event in [e for piece in pieces for e in stream.feed(piece)] + stream.finish():
         if event.kind == "tool_call":
-            joined[event.index] = [event.name, ""]
+            joined[event.index] = [event.name, event.arguments or ""]
         elif event.kind == "arguments":
             joined[event.index][1] += event.text
     return [tuple(call) for call in joined.values()]

@@ -71,6 +71,12 @@ def content_before(text: str, start: int, final: bool, markers: tuple[str, ...])
     return text[: len(text) - held_back(text, markers)]
 
 
+def split_at(text: str, marker: str, final: bool) -> tuple[str, int]:
+    """The content before the first `marker` (see content_before) and where the marker starts (-1: none)."""
+    start = text.find(marker)
+    return content_before(text, start, final, (marker,)), start
+
+
 def first_json(text: str) -> tuple[object, int] | None:
     """The first JSON value at the start of `text` (after whitespace) and where it ends; None if incomplete/invalid."""
     stripped = len(text) - len(text.lstrip())
