@@ -76,8 +76,8 @@ async def streamed(client, **kwargs) -> dict:
             reasoning = (reasoning or "") + delta.model_extra["reasoning"]
         for call in delta.tool_calls or []:
             entry = calls.setdefault(call.index, {"name": None, "arguments": "", "id": None, "type": None})
-            if call.id:  # the first delta of a call: id, type, name (vLLM's order)
-                assert entry["id"] is None and call.function.arguments in (None, "")
+            if call.id:  # the first delta of a call: id, type, name (vLLM's order); a forced call's also arguments
+                assert entry["id"] is None
                 entry.update(id=call.id, type=call.type, name=call.function.name)
             if call.function and call.function.arguments:
                 entry["arguments"] += call.function.arguments
