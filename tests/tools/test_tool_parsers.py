@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import re
@@ -520,7 +521,7 @@ def test_deepseek_v3_fragments_exact_sequence():
         [{"index": 0, "function": {"arguments": " 12}"}}],
     ]
     text = "".join(pieces)
-    stream, events = run_stream(parsing, pieces)
+    _, events = run_stream(parsing, pieces)
     assert merge_deltas(events)["content"] == parsing.parse(text).content == "Hi After."
     assert parsing.parse(text).tool_calls[0].arguments == '{"city": "Zürich", "days": 12}'
 
@@ -586,8 +587,8 @@ def test_named_fragments_exact_sequence():
 
 CUT = {  # a call cut inside its arguments (max_tokens), and the half call `fragments` leaves
     "mistral": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Zürich", "days', '{"city": "Zürich",'),  # as written
-    "deepseek_v3": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-                    '{"city": "Zürich", "days', '{"city": "Zürich",'),
+    "deepseek_v3": (("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+                     '{"city": "Zürich", "days'), '{"city": "Zürich",'),
     "llama3_json": ('{"name": "get_weather", "parameters": {"city": "Zürich", "days', '{"city": "Zürich", '),
     "required": ('[{"name": "get_weather", "parameters": {"city": "Zürich", "days', '{"city": "Zürich", '),
     "named": ('{"query": "Zürich", "days', '{"query": "Zürich",'),
@@ -624,11 +625,8 @@ def _random_value(rng: random.Random, alphabet: str, depth: int = 0):
 def _random_outputs(family: str, rng: random.Random):
     """Model outputs of `family` with random arguments, compact or spaced JSON, some cut short."""
     for _ in range(250):
-        separators = rng.choice([(", ", ": "), (",", ":")])
-        ascii_ = rng.random() < 0.5
-
-        def dump(value):
-            return json.dumps(value, ensure_ascii=ascii_, separators=separators)
+        dump = functools.partial(json.dumps, ensure_ascii=rng.random() < 0.5,
+                                 separators=rng.choice([(", ", ": "), (",", ":")]))
 
         calls = [(rng.choice(["search", "get_weather"]), {"k": _random_value(rng, 'ab"\\\n[{<;`é😀 ')})
                  for _ in range(rng.randint(1, 3))]  # arguments are an object

@@ -55,13 +55,19 @@ def _required_call(item: object) -> FunctionCall | None:
     return FunctionCall(item["name"], dump_arguments(item.get("parameters", {})))
 
 
-@dataclass(frozen=True)
-class RequiredFormat:
-    name: str = "required"
+@dataclass(frozen=True, kw_only=True)  # keyword-only: NamedFormat(function) stays positional
+class _Forced:
+    """What both forced formats share (see ToolFormat)."""
+
     new_id: IdFactory = vllm_call_id
     triggers: str = ""  # empty: no shortcut, always rescanned
-    prefix_content: bool = False  # see ToolFormat
-    header_carries_arguments: bool = True  # see output_parser._stream_fragments
+    prefix_content: bool = False
+    header_carries_arguments: bool = True  # vLLM's serving layer: see output_parser._stream_fragments
+
+
+@dataclass(frozen=True)
+class RequiredFormat(_Forced):
+    name: str = "required"
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         calls = [_required_call(item) for item in _array_items(text)[0]]
@@ -80,13 +86,9 @@ class RequiredFormat:
 
 
 @dataclass(frozen=True)
-class NamedFormat:
+class NamedFormat(_Forced):
     function: str
     name: str = "named"
-    new_id: IdFactory = vllm_call_id
-    triggers: str = ""  # empty: no shortcut, always rescanned
-    prefix_content: bool = False  # see ToolFormat
-    header_carries_arguments: bool = True  # see output_parser._stream_fragments
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         parsed = first_json(text)

@@ -70,11 +70,8 @@ class MistralFormat:
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         content, start = split_at(text, TOOL_CALLS, final)
-        if start < 0:
-            return Scan(content)
-        segments = text[start:].split(TOOL_CALLS)[1:]
-        calls = [call for segment in segments for call in _segment_calls(segment)]
-        return Scan(content, calls)
+        segments = text[start:].split(TOOL_CALLS)[1:] if start >= 0 else []
+        return Scan(content, [call for segment in segments for call in _segment_calls(segment)])
 
     def progress(self, text: str, final: bool, tools: list | None, memo: dict | None = None) -> list[CallProgress]:
         """The calls `scan` finds, and a last v11 call still open: its name (once ended) and its
