@@ -78,7 +78,9 @@ class DeltaEvent:
 
     def tool_call_delta(self) -> dict:
         if self.kind == "tool_call":  # DeltaToolCall's field order: id, type, index, function
-            function = {"name": self.name} if self.arguments is None else {"name": self.name, "arguments": self.arguments}
+            function = {"name": self.name}
+            if self.arguments is not None:
+                function["arguments"] = self.arguments
             return {"id": self.id, "type": "function", "index": self.index, "function": function}
         return {"index": self.index, "function": {"arguments": self.text}}
 

@@ -29,7 +29,7 @@ class OutputParsing:
     # request says include_reasoning: false, so hidden reasoning cannot leak through them.
     hides_token_metadata: bool = False
     # --tool-call-streaming: "fragments" streams arguments as they are generated (formats with
-    # `progress`: hermes, qwen3_coder, mistral, deepseek_v3, the forced formats); "whole" sends each call once complete, so a stream cut by
+    # `progress`: all of them); "whole" sends each call once complete, so a stream cut by
     # max_tokens never holds a half call.
     tool_call_streaming: str = "fragments"
 
@@ -185,8 +185,9 @@ class StreamParser:
     def _stream_fragments(self, text: str, final: bool, events: list[DeltaEvent]) -> None:
         """vLLM's argument deltas: a call's first delta names it, later ones add what became fixed.
 
-        `text` holds the calls (from the first call marker, or the whole rest). What was sent is never taken back: a call cut by
-        max_tokens stays half sent (finish_reason "length"), as in vLLM's stream.
+        `text` holds the calls (from the first call marker, or the whole rest). What was sent is
+        never taken back: a call cut by max_tokens stays half sent (finish_reason "length"), as in
+        vLLM's stream.
         """
         parsing = self._parsing
         fmt = parsing.tool_format
