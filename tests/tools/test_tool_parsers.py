@@ -613,6 +613,20 @@ def test_call_cut_by_max_tokens_per_mode(family, mode):
     assert [(c.name, c.arguments) for c in stream.tool_calls] == ([(name, half)] if mode == "fragments" else [])
 
 
+@pytest.mark.parametrize("family, text", [
+    ("named", '{"query": "a", "query": "b"}'),
+    ("mistral", '[TOOL_CALLS]search{"query": "a", "query": "b"}'),
+    ("deepseek_v3", ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n'
+                    '{"query": "a", "query": "b"}\n```<｜tool▁call▁end｜>')),
+])
+def test_raw_arguments_with_a_repeated_key_still_join_to_the_parse(family, text):
+    """Formats that keep the arguments as written carry the repeat too: the stream waits at the repeated
+    key (where re-serialised formats diverge) and then sends the rest once the call is complete."""
+    parsing = NAMED if family == "named" else auto(family)
+    assert _joined_fragments(parsing, list(text)) == [("search", '{"query": "a", "query": "b"}')] == [
+        (c.name, c.arguments) for c in parsing.parse(text).tool_calls]
+
+
 def _random_value(rng: random.Random, alphabet: str, depth: int = 0):
     kind = rng.randint(0, 6 if depth < 3 else 3)
     if kind == 0:

@@ -101,5 +101,8 @@ class NamedFormat(_Forced):
         """The one call, from the output's first text: its arguments as written, as far as they are valid JSON."""
         if not text:
             return []
+        done = self.scan(text, final, tools).calls  # as `scan` has it (JsonHead stops at a repeated key)
+        if done:
+            return [CallProgress(self.function, done[0].arguments)]
         head = (memo if memo is not None else {}).setdefault("named", JsonHead())
         return [CallProgress(self.function, raw_head(head, text, final))]

@@ -6,8 +6,9 @@ arguments are re-serialised; call ids are 9 alphanumerics. A call counts once it
 
 Streamed (`progress`) as vLLM's v11 parser streams it: the header once the name is ended by
 `[ARGS]` or `{`, then the arguments as the model writes them, as far as they are valid JSON.
-Pre-v11 arrays go out one whole call at a time (vLLM's ijson path re-serialises per item; here
-an item counts only once the array it is in parses, as in `scan`).
+Pre-v11 arrays go out one whole call at a time, once the whole array parses: `scan` takes
+the array's items only then (one malformed item drops them all), so an item streamed earlier
+could turn out not to be a call although it was complete.
 """
 
 from __future__ import annotations
@@ -88,8 +89,11 @@ class MistralFormat:
             return calls  # all closed (final), or pre-v11: whole calls only
         open_at = len(text) - len(last)
         open_text = last[: len(last) - held_back(last, (TOOL_CALLS,))]
+        complete = _segment_calls(open_text)  # as `scan` has it (JsonHead stops at a repeated key)
         name_args = _name_end(open_text)
-        if name_args and name_args[0]:
+        if complete:
+            calls += [CallProgress(call.name, call.arguments) for call in complete]
+        elif name_args and name_args[0]:
             head = memo.setdefault(open_at, JsonHead())
             calls.append(CallProgress(name_args[0], raw_head(head, name_args[1], final)))
         return calls
