@@ -713,24 +713,13 @@ def test_hermes_fragments_join_to_the_parse_for_random_calls():
     """Random arguments (escapes, surrogates, `</tool_call>` inside strings), compact or spaced JSON,
     random chunking, some outputs ending before `</tool_call>`: the joined fragments are the parse's calls."""
     rng = random.Random(11)
-
-    def value(depth=0):
-        kind = rng.randint(0, 6 if depth < 3 else 3)
-        if kind == 0:
-            return rng.choice([0, -1, 12, 3.5, 1e21])
-        if kind == 1:
-            return rng.choice([True, False, None])
-        if kind in (2, 3):
-            return "".join(rng.choice('ab"\\\n</tool_call>é😀 ') for _ in range(rng.randint(0, 8)))
-        if kind == 4:
-            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
-        return {str(i) + rng.choice('ab"é'): value(depth + 1) for i in range(rng.randint(0, 3))}
-
     parsing = auto("hermes")
+    alphabet = 'ab"\\\n</tool_call>é😀 '
     for _ in range(400):
         separators = rng.choice([(", ", ": "), (",", ":")])
         text = rng.choice(["", "Hi "]) + "".join(
-            "<tool_call>\n" + json.dumps({"name": rng.choice(["search", "get_weather"]), "arguments": value()},
+            "<tool_call>\n" + json.dumps({"name": rng.choice(["search", "get_weather"]),
+                                          "arguments": _random_value(rng, alphabet)},
                                          ensure_ascii=rng.random() < 0.5, separators=separators) + "\n</tool_call>"
             for _ in range(rng.randint(1, 3)))
         if rng.random() < 0.3:
