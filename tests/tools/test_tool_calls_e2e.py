@@ -76,8 +76,8 @@ async def streamed(client, **kwargs) -> dict:
             reasoning = (reasoning or "") + delta.model_extra["reasoning"]
         for call in delta.tool_calls or []:
             entry = calls.setdefault(call.index, {"name": None, "arguments": "", "id": None, "type": None})
-            if call.id:  # the first delta of a call: id, type, name (vLLM's order)
-                assert entry["id"] is None and call.function.arguments in (None, "")
+            if call.id:  # the first delta of a call: id, type, name (vLLM's order); a forced call's also arguments
+                assert entry["id"] is None
                 entry.update(id=call.id, type=call.type, name=call.function.name)
             if call.function and call.function.arguments:
                 entry["arguments"] += call.function.arguments
@@ -420,3 +420,38 @@ async def test_argument_fragments_on_the_wire(make_sim, make_proxy, mode):
         assert pieces == ['{"city": "Zürich", "days": 2}']
     else:  # one token at a time, what became fixed: keys whole, `2` only once the `}}` token ends it
         assert pieces == ['{', '"city": ', '"', 'Z', 'ür', 'ich', '", ', '"days": ', '2}']
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "llama3_json", "mistral"])
+async def test_argument_fragments_on_the_wire_per_family(make_sim, make_proxy, family):
+    """mistral, deepseek_v3 and llama3_json stream their arguments in pieces too (they were one piece),
+    and the pieces join to the non-streamed reply's arguments."""
+    completion_text, _ = COMPLETIONS[family]
+    _, proxy = await tool_proxy(make_sim, make_proxy, family, scripted=completion_text)
+    body = {"model": MODEL, "max_tokens": 200, "tools": TOOLS, "messages": [{"role": "user", "content": "Weather?"}]}
+    deltas = [json.loads(d) for d in await sse_tool_deltas(proxy, body)]
+    assert list(deltas[0]) == ["id", "type", "index", "function"] and deltas[0]["function"] == {"name": "get_weather"}
+    pieces = [d["function"]["arguments"] for d in deltas[1:]]
+    client = client_for(proxy)
+    reply = await whole(client, messages=body["messages"], tools=TOOLS, max_tokens=200)
+    assert len(pieces) > 3 and "".join(pieces) == reply["calls"][0][1]
+    assert json.loads(reply["calls"][0][1]) == ARGS
+    await client.close()
+
+
+async def test_forced_calls_stream_fragments_with_the_name_first(make_sim, make_proxy):
+    """vLLM's serving layer: a forced call's first delta carries id, type, index and function {name,
+    arguments so far}; then argument pieces, which join to the non-streamed reply's arguments."""
+    _, proxy = await tool_proxy(make_sim, make_proxy, "hermes")
+    client = client_for(proxy)
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        body = {"model": MODEL, "max_tokens": 200, "tools": TOOLS, "tool_choice": choice,
+                "messages": [{"role": "user", "content": "Time in Tokyo?"}]}
+        deltas = [json.loads(d) for d in await sse_tool_deltas(proxy, body)]
+        headers = [d for d in deltas if "id" in d]
+        assert all(list(h) == ["id", "type", "index", "function"] and list(h["function"]) == ["name", "arguments"]
+                   for h in headers)
+        reply = await whole(client, messages=body["messages"], tools=TOOLS, tool_choice=choice, max_tokens=200)
+        joined = ["".join(d["function"]["arguments"] for d in deltas if d["index"] == i) for i in range(len(headers))]
+        assert joined == [c[1] for c in reply["calls"]] and len(deltas) > len(headers)
+    await client.close()

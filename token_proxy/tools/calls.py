@@ -64,7 +64,8 @@ class ParsedOutput:
 class DeltaEvent:
     """One piece of a streamed delta.
 
-    kind is "reasoning" or "content" (text set), "tool_call" (a call starts: index, id, name)
+    kind is "reasoning" or "content" (text set), "tool_call" (a call starts: index, id, name, and
+    for a forced call the first arguments, as vLLM's serving layer sends them with the name)
     or "arguments" (index, text = an arguments fragment).
     """
 
@@ -73,10 +74,14 @@ class DeltaEvent:
     index: int = 0
     id: str | None = None
     name: str | None = None
+    arguments: str | None = None  # "tool_call" only: None leaves `function.arguments` out
 
     def tool_call_delta(self) -> dict:
         if self.kind == "tool_call":  # DeltaToolCall's field order: id, type, index, function
-            return {"id": self.id, "type": "function", "index": self.index, "function": {"name": self.name}}
+            function = {"name": self.name}
+            if self.arguments is not None:
+                function["arguments"] = self.arguments
+            return {"id": self.id, "type": "function", "index": self.index, "function": function}
         return {"index": self.index, "function": {"arguments": self.text}}
 
 

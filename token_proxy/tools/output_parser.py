@@ -29,7 +29,7 @@ class OutputParsing:
     # request says include_reasoning: false, so hidden reasoning cannot leak through them.
     hides_token_metadata: bool = False
     # --tool-call-streaming: "fragments" streams arguments as they are generated (formats with
-    # `progress`: hermes, qwen3_coder); "whole" sends each call once complete, so a stream cut by
+    # `progress`: all of them); "whole" sends each call once complete, so a stream cut by
     # max_tokens never holds a half call.
     tool_call_streaming: str = "fragments"
 
@@ -159,20 +159,21 @@ class StreamParser:
         ):  # the tail is all there is to scan
             plain = fmt is None or not fmt.prefix_content or (not final and not _has_any(self._tail, fmt.triggers))
             scan = Scan(content=self._tail) if plain else parsing.scan(self._tail, final)
-            new_content = scan.content
+            new_content, calls_text = scan.content, None
         else:
             rest = "".join(self._chunks)[self._rest_start :]
             scan = parsing.scan(rest, final)
             self._pure_content = not scan.calls and scan.content == rest
             new_content = scan.content[self._content_sent :]
             self._tail = rest[self._content_sent :]
+            calls_text = rest  # content may come after the calls too (deepseek_v3): `progress` reads all of it
         if new_content:
             events.append(DeltaEvent("content", new_content))
             self._content_sent += len(new_content)
             self._tail = self._tail[len(new_content) :]
         if self._fragments:
-            if scan.calls or _has_any(self._tail, fmt.triggers):
-                self._stream_fragments(self._tail, final, events)
+            if scan.calls or not fmt.triggers or _has_any(self._tail, fmt.triggers):
+                self._stream_fragments(self._tail if calls_text is None else calls_text, final, events)
             return
         for index in range(len(self.tool_calls), len(scan.calls)):
             call = scan.calls[index]
@@ -184,15 +185,20 @@ class StreamParser:
     def _stream_fragments(self, text: str, final: bool, events: list[DeltaEvent]) -> None:
         """vLLM's argument deltas: a call's first delta names it, later ones add what became fixed.
 
-        `text` starts at the first call marker. What was sent is never taken back: a call cut by
-        max_tokens stays half sent (finish_reason "length"), as in vLLM's stream.
+        `text` holds the calls (from the first call marker, or the whole rest). What was sent is
+        never taken back: a call cut by max_tokens stays half sent (finish_reason "length"), as in
+        vLLM's stream.
         """
         parsing = self._parsing
-        progress = parsing.tool_format.progress(text, final, parsing.tools, self._progress_memo)
+        fmt = parsing.tool_format
+        progress = fmt.progress(text, final, parsing.tools, self._progress_memo)
         for index, call in enumerate(progress[:1] if parsing.single_call else progress):
             if index == len(self.tool_calls):
-                self.tool_calls.append(ToolCall(parsing.tool_format.new_id(), call.name, ""))
-                events.append(DeltaEvent("tool_call", index=index, id=self.tool_calls[index].id, name=call.name))
+                # vLLM's forced calls (serving layer) send the arguments so far with the name; a parser's not.
+                first = call.arguments if getattr(fmt, "header_carries_arguments", False) else None
+                self.tool_calls.append(ToolCall(fmt.new_id(), call.name, first or ""))
+                events.append(DeltaEvent("tool_call", index=index, id=self.tool_calls[index].id, name=call.name,
+                                         arguments=first))
             sent = self.tool_calls[index]
             # A prefix only: an object repeating a key re-orders the final arguments (json.loads keeps
             # the last value at the first place), and what was sent cannot be taken back.

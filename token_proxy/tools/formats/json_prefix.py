@@ -53,6 +53,14 @@ class JsonHead:
     def head(self) -> str:
         return "".join(self._out) + (self._open_string or "")
 
+    @property
+    def raw_end(self) -> int:
+        """How far the text last advanced over is fixed as written: where the value ended, else the
+        end of its last complete token (inside an open string, of its last complete character).
+        For formats that keep arguments as the model wrote them (mistral v11, deepseek_v3, a named
+        function): that text's prefix is a prefix of the finished call's arguments."""
+        return self.end if self.end is not None else self._pos
+
     def advance(self, text: str, final: bool = False) -> tuple[str, int | None]:
         """(the fixed head of json.dumps of the value `text` starts with, where the value ends or None).
 
@@ -171,6 +179,14 @@ class JsonHead:
 def _escapes(raw: str, at: int) -> bool:
     """Whether the backslash at `at` starts an escape (an even run of backslashes before it)."""
     return (at - len(raw[:at].rstrip("\\"))) % 2 == 0
+
+
+def raw_head(head: JsonHead, text: str, final: bool) -> str:
+    """The fixed part of the JSON value `text` starts with, as written (from its first non-blank
+    character); `head` is the stream's JsonHead for this value (see JsonHead.raw_end)."""
+    head.advance(text, final)
+    lead = len(text) - len(text.lstrip())
+    return text[lead:head.raw_end] if head.raw_end > lead else ""
 
 
 def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:

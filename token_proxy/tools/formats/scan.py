@@ -45,9 +45,11 @@ class ToolFormat(Protocol):
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan: ...
 
-    # Optional (hermes, qwen3_coder): every call region begun in `text` whose name is known, in
+    # Optional (every format here has it): every call region begun in `text` whose name is known, in
     # order, each `arguments` a prefix of the text the finished call carries. `memo` is the
-    # stream's dict, kept between calls, so the format can go on where it stopped.
+    # stream's dict, kept between calls, so the format can go on where it stopped. A format may
+    # also set `header_carries_arguments` (the forced ones): a call's first delta then carries
+    # its arguments so far beside its name, as vLLM's serving layer sends a forced call.
     # def progress(self, text: str, final: bool, tools: list | None, memo: dict | None) -> list[CallProgress]: ...
 
 
@@ -69,6 +71,12 @@ def content_before(text: str, start: int, final: bool, markers: tuple[str, ...])
     if final:
         return text
     return text[: len(text) - held_back(text, markers)]
+
+
+def split_at(text: str, marker: str, final: bool) -> tuple[str, int]:
+    """The content before the first `marker` (see content_before) and where the marker starts (-1: none)."""
+    start = text.find(marker)
+    return content_before(text, start, final, (marker,)), start
 
 
 def first_json(text: str) -> tuple[object, int] | None:
