@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,9 @@ from pathlib import Path
 
 import aiohttp
 import orjson
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_proxy import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS, ERROR, LOST, LEFT, CUT = "ids", "error", "lost", "left", "cut"
@@ -203,12 +205,6 @@ def table(ledgers: list[Ledger]) -> str:
 
 
 # ---------------------------------------------------------------- processes
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def wait_healthy(url: str, proc: subprocess.Popen | None, limit_s: float, path: str = "/health") -> None:
     end = time.monotonic() + limit_s

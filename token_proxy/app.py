@@ -52,7 +52,7 @@ def create_app(settings: Settings, role: Role | None = None,
 async def _proxy_context(app: web.Application):
     settings = app[SETTINGS]
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
-    # Every SGLang call (data, admin, fan-out, router) goes through this pool (upstream/client.py).
+    # Every SGLang call (data, admin, fan-out, router) goes through this pool (sglang/client.py).
     async with sglang_sessions(settings.backend_keepalive_s) as (pooled, fresh):
         client = SGLangClient(settings.backend_url, pooled, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,

@@ -80,8 +80,12 @@ def route_of(app: web.Application, path: str) -> RouteFlags | None:
 
 
 def route_kind(app: web.Application, path: str) -> str:
+    return kind_in(app.get(ROUTE_TABLE) or {}, path)
+
+
+def kind_in(table: dict, path: str) -> str:
     """A path the table does not list is the admin plane's (its pass-through to SGLang included)."""
-    route = route_of(app, path)
+    route = table.get(path)
     return ADMIN if route is None else route.kind
 
 

@@ -2,7 +2,7 @@
 
 A request id becomes SGLang's rid and the X-Request-Id response header, so control characters would break
 the response; a session id is a key of the session store. Low in the tree (just above errors.py) so the
-body readers (api/fields.py), the header reader (pipeline/request_ids.py), the pure session keys
+body readers (api/fields.py), the header reader (pipeline/request_state.py), the pure session keys
 (sessions/keys.py) and the OpenAPI description (ops/openapi.py) all read this one copy.
 """
 

@@ -29,19 +29,20 @@ from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed
-from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, json_response
+from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, json_response, kind_in
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
 from token_proxy.ops.metrics import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
+from token_proxy.sglang.pause import PRIME_RL, VLLM
 from token_proxy.state import CONTEXT
 
 # Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
 # (a worker forwards it there over the owner's socket: serving/worker_app.py).
 LOCAL, OWNER = "local", "owner"
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
-PRIME_RL, VLLM, SGLANG, INTERNAL = "prime-rl", "vllm", "sglang", "internal"
+SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -173,8 +174,7 @@ _TABLE = {route.path: route for route in ROUTES}
 
 def route_class(path: str) -> str:
     """The class of `path` in this table (the middleware reads the app's copy: http_io.route_kind)."""
-    route = _TABLE.get(path)
-    return ADMIN if route is None else route.kind
+    return kind_in(_TABLE, path)
 
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Handler:

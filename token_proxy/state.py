@@ -48,7 +48,8 @@ class ProxyContext:
     fatal: str | None = None  # a configuration error that ends the process (an unloadable tokenizer)
     # Fire-and-forget work (upstream aborts) that must outlive a cancelled handler.
     background: set[asyncio.Task] = field(default_factory=set)
-    # The SGLang rids of each request being served, by response id (aborts.py; vLLM's /abort_requests).
+    # The SGLang rids of each request being served, by response id (sglang/client.py's aborting_on_exit;
+    # vLLM's /abort_requests).
     in_flight: dict[str, list[str]] = field(default_factory=dict)
     started_at: int = field(default_factory=lambda: int(time.time()))
     # What connecting learned (set together by set_connected; None until then).

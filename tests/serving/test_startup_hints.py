@@ -19,16 +19,11 @@ import time
 import pytest
 from aiohttp import web
 
+from tests.support.admin_fixtures import free_port
 from token_proxy.cli import parse_settings
 from token_proxy.sglang.discovery import health_hint
 
 CLI = [sys.executable, "-m", "token_proxy.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _run(args: list[str], log_format: str = "json", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -146,7 +141,7 @@ async def test_health_names_the_url_when_the_backend_is_not_sglang(aiohttp_serve
 # --- the tokenizer -----------------------------------------------------------------------------------
 
 def test_an_empty_tokenizer_directory_is_refused_naming_the_model_directory(tmp_path):
-    result = _run(["--tokenizer", str(tmp_path), "--backend", "http://127.0.0.1:1", "--port", str(_free_port())])
+    result = _run(["--tokenizer", str(tmp_path), "--backend", "http://127.0.0.1:1", "--port", str(free_port())])
     assert result.returncode == 2
     (line,) = _json_lines(result.stderr)
     assert line["message"] == (f"token-proxy cannot start: the tokenizer directory '{tmp_path}' holds no tokenizer "
@@ -169,7 +164,7 @@ def _start_sim(port: int) -> subprocess.Popen:
 def test_an_unreachable_hub_tokenizer_is_blamed_and_its_retries_print_once(tmp_path):
     """SGLang (the simulator) is up; the hub is not (HF_ENDPOINT: a closed loopback port). /health names
     the tokenizer, not SGLang; huggingface_hub's retry lines come out once each, as JSON."""
-    sim_port, port, hub = _free_port(), _free_port(), _free_port()
+    sim_port, port, hub = free_port(), free_port(), free_port()
     sim = _start_sim(sim_port)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     env.update(HF_HOME=str(tmp_path), HF_ENDPOINT=f"http://127.0.0.1:{hub}", TOKEN_PROXY_LOG_FORMAT="json")
@@ -236,8 +231,8 @@ async def test_losing_sglang_and_getting_it_back_are_logged_once_each(make_sim, 
 
 def _dead_backend_run(tmp_path, *flags: str) -> list[dict]:
     """The proxy in front of a closed port for a moment: one /v1/models (503, logged), then SIGTERM."""
-    port = _free_port()
-    proc = subprocess.Popen([*CLI, "--backend", f"http://127.0.0.1:{_free_port()}", "--host", "127.0.0.1",
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "--backend", f"http://127.0.0.1:{free_port()}", "--host", "127.0.0.1",
                              "--port", str(port), "--log-format", "json", "--backend-metrics-interval", "0.05",
                              *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

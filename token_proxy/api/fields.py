@@ -13,7 +13,6 @@ from typing import Any
 from token_proxy.errors import InvalidRequest
 from token_proxy.ids import checked_id
 
-_MISSING = object()
 # Integers go to SGLang as JSON; past 64 bits the proxy could not even encode them.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

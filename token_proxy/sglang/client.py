@@ -90,7 +90,7 @@ class SGLangClient:
 
     async def open_stream(self, payload: dict) -> RelayStream | GeneratorStream:
         """A streaming /generate, sent; read its first batch with `first()`, the rest with `relay()`,
-        then `aclose()` it. Plain-http SGLang is read with protocol callbacks (stream_relay.py),
+        then `aclose()` it. Plain-http SGLang is read with protocol callbacks (sglang/relay.py),
         anything else through aiohttp (`generate_stream`)."""
         target = relay_target(self.base_url) if self.callback_streams else None
         if target is None:
@@ -415,9 +415,6 @@ def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
 
 # --- the pool, and the one retry a closed idle connection earns ---------------------------------
 
-# The SGLang default the pool stays under (uvicorn's timeout_keep_alive in SGLang's launch_server).
-SGLANG_KEEP_ALIVE_S = 5.0
-DEFAULT_BACKEND_KEEPALIVE_S = 4.0
 RETRY_REASONS = ("disconnected", "reset")  # the metric's label values, created at 0
 
 

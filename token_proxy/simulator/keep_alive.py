@@ -70,10 +70,8 @@ class IdleConnections:
         conn.timer = loop.call_later(self.keep_alive_s + late, self._close_idle, transport)
 
     def _close_idle(self, transport) -> None:
-        conn = self._open.pop(transport, None)
-        if conn is None or conn.busy:
-            if conn is not None:
-                self._open[transport] = conn
+        # Armed only when the connection went idle, cancelled by the next request (arrived): never busy here.
+        if self._open.pop(transport, None) is None:
             return
         if not transport.is_closing():
             self.closed += 1

@@ -26,7 +26,6 @@ _WS = re.compile(r"[ \t\n\r]*")
 # A string's body as far as it is complete: plain characters and whole escapes.
 _BODY = re.compile(r'(?:[^"\\\x00-\x1f]+|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*')
 _HIGH_TAIL = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}$")
-_PARTIAL_ESCAPE = re.compile(r'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{0,4})?')
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _NUMBER_GOES_ON = tuple(".eE+-0123456789")
 _LITERALS = ("true", "false", "null")
