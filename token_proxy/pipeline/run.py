@@ -110,16 +110,24 @@ async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamRe
         target.release()
 
 
+def max_tokens_for(ctx: ProxyContext, sampling: SamplingRequest, ids: list[int]) -> int:
+    """The limits step: vLLM's max_tokens rule against this server's context and prompt limits."""
+    return resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
+
+
+def response_id(request: web.Request, job: Job) -> str:
+    """The response id, which is also the SGLang rid: the client's request_id or X-Request-Id, prefixed."""
+    return new_request_id(job.id_prefix, job.request_id or header_request_id(request))
+
+
 async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, target: ModelTarget,
                  stats: RequestStats) -> web.StreamResponse:
     job = endpoint.job
     sampling = checked_seed(request, ctx, job.sampling)
     prompts = await endpoint.prompt_ids(ctx, stats)
     stats.prompt_tokens = sum(len(ids) for ids in prompts)
-    limits = [resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
-              for ids in prompts]
-    meta = ResponseMeta(new_request_id(job.id_prefix, job.request_id or header_request_id(request)), now(),
-                        target.name, prompts)
+    limits = [max_tokens_for(ctx, sampling, ids) for ids in prompts]
+    meta = ResponseMeta(response_id(request, job), now(), target.name, prompts)
     stats.backend_rid = meta.response_id
     call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
                           cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path,

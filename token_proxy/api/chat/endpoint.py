@@ -18,9 +18,9 @@ from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import ResponseMeta
-from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, stats_of
-from token_proxy.pipeline.run import resolve_target, run_pipeline
-from token_proxy.sglang.payload import resolve_max_tokens, with_sampling_overrides
+from token_proxy.pipeline.request_state import RequestStats, stats_of
+from token_proxy.pipeline.run import max_tokens_for, resolve_target, response_id, run_pipeline
+from token_proxy.sglang.payload import with_sampling_overrides
 from token_proxy.state import CONTEXT, ProxyContext
 
 
@@ -60,8 +60,8 @@ async def chat_completions_render(request: web.Request) -> web.Response:
     endpoint = ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags))
     (ids,) = await endpoint.prompt_ids(ctx, stats_of(request))
     sampling = endpoint.job.sampling
-    max_tokens = resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
-    request_id = new_request_id("chatcmpl", req.request_id or header_request_id(request))
+    max_tokens = max_tokens_for(ctx, sampling, ids)
+    request_id = response_id(request, endpoint.job)
     reasoning_kwargs = dict(req.prompt.chat_template_kwargs or {}) if ctx.settings.reasoning_parser else None
     return json_response(render_response(req, sampling, ids, max_tokens, request_id, body, reasoning_kwargs))
 
