@@ -182,11 +182,15 @@ def _parse_constraint(body: dict) -> tuple[str, str] | None:
     return from_format or from_structured
 
 
+# vLLM's StructuredOutputsParams field -> SGLang's constraint key (render.py reads it the other way).
+STRUCTURED_TO_SGLANG = {"json": "json_schema", "regex": "regex", "grammar": "ebnf"}
+
+
 def _constraint_from_structured(structured: dict) -> tuple[str, str] | None:
     given = [k for k in ("json", "regex", "grammar", "choice") if structured.get(k) not in (None, [])]
     if len(given) > 1:  # as vLLM: a second constraint would be silently ignored
         raise bad("structured_outputs", f"only one kind of constraint may be given, got {', '.join(given)}")
-    for src, dst in (("json", "json_schema"), ("regex", "regex"), ("grammar", "ebnf")):
+    for src, dst in STRUCTURED_TO_SGLANG.items():
         value = structured.get(src)
         if value is not None and src != "json" and not isinstance(value, str):
             raise bad("structured_outputs", f"structured_outputs.{src} must be a string")

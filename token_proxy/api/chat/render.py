@@ -14,13 +14,14 @@ from __future__ import annotations
 import orjson
 
 from token_proxy.api.chat.request import ChatRequest
-from token_proxy.api.sampling import SamplingRequest
+from token_proxy.api.sampling import STRUCTURED_TO_SGLANG, SamplingRequest
 
 # vLLM's RequestOutputKind: DELTA for a stream, FINAL_ONLY otherwise.
 OUTPUT_KIND_DELTA, OUTPUT_KIND_FINAL_ONLY = 1, 2
 _SAMPLING_EPS, _MAX_TEMP = 1e-5, 1e-2  # vllm/sampling_params.py
 # SGLang's constraint key (the proxy's SamplingRequest.constraint) -> vLLM's StructuredOutputsParams field.
-_STRUCTURED_FIELD = {"json_schema": "json", "regex": "regex", "ebnf": "grammar", "structural_tag": "structural_tag"}
+_STRUCTURED_FIELD = {**{sglang: vllm for vllm, sglang in STRUCTURED_TO_SGLANG.items()},
+                     "structural_tag": "structural_tag"}
 _STRUCTURED_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
                       "disable_additional_properties", "whitespace_pattern", "structural_tag")
 
