@@ -15,6 +15,8 @@ each round drives every proxy in turn with the same requests and reads the proxy
 - `c=1 hit added`: median latency over the simulator's /generate (interleaved pairs), non-streamed, 1 token.
 
     python bench/bench_app_cpu.py --code /work/main --code . [--rounds 5] [--requests 200] [--concurrency 8]
+    # the same checkout with extra token-proxy flags (a build is "DIR FLAG..."):
+    python bench/bench_app_cpu.py --code . --code ". --stream-coalesce-ms 10"
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -138,7 +141,7 @@ async def run(args, sim, proxies, pipe) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--code", action="append", required=True, help="a checkout to run the proxy from")
+    parser.add_argument("--code", action="append", required=True, help="a checkout to run the proxy from, optionally followed by token-proxy flags (one quoted string)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
@@ -157,9 +160,9 @@ def main() -> None:
     try:
         for code in args.code:
             port = free_port()
-            env_path = os.path.abspath(code)
-            cmd = ["env", f"PYTHONPATH={env_path}", sys.executable, "-m", "token_proxy", "--backend", sim,
-                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+            where, *flags = shlex.split(code)
+            cmd = ["env", f"PYTHONPATH={os.path.abspath(where)}", sys.executable, "-m", "token_proxy", "--backend", sim,
+                   "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags]
             proc = start(cmd, f"http://127.0.0.1:{port}")
             procs.append(proc)
             proxies[code] = (f"http://127.0.0.1:{port}", proc.pid)

@@ -57,6 +57,7 @@ async def _proxy_context(app: web.Application):
         client = SGLangClient(settings.backend_url, pooled, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,
                               settings.stream_idle_timeout_s, fresh=fresh,
+                              stream_coalesce_s=settings.stream_coalesce_ms / 1000,
                               on_retry=app[METRICS].upstream_retry)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.

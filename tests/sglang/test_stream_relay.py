@@ -54,9 +54,9 @@ class Down:
         self._blocked = False
 
 
-def relay_stream(idle_s=None) -> tuple[RelayStream, FakeTransport]:
+def relay_stream(idle_s=None, coalesce_s=0.0) -> tuple[RelayStream, FakeTransport]:
     stream = RelayStream(asyncio.get_running_loop(), "http://sglang", idle_s, client_module._parse_event,
-                         client_module._error_from_status)
+                         client_module._error_from_status, coalesce_s)
     transport = FakeTransport()
     stream.connection_made(transport)
     return stream, transport
@@ -176,6 +176,68 @@ async def test_a_slow_client_pauses_reading_sglang_until_it_drains():
     await asyncio.wait_for(task, 1)
 
 
+def sse_chunk(i: int) -> bytes:
+    return chunked(b"data: " + orjson.dumps(event(i)) + b"\n\n", 1000)[:-5]
+
+
+async def test_coalescing_rests_the_connection_after_each_relayed_read_never_before_the_first():
+    stream, transport = relay_stream(coalesce_s=0.03)
+    stream.data_received(HEAD_CHUNKED + sse_chunk(0))
+    assert not transport.paused  # the first batch (the first token) is never held
+    assert await stream.first() == [event(0)]
+    seen = []
+    task = asyncio.ensure_future(stream.relay(lambda events: seen.append(events) or False, Down()))
+    await asyncio.sleep(0)
+    stream.data_received(sse_chunk(1))
+    assert seen == [[event(1)]] and transport.paused  # relayed at once, then SGLang rests unread
+    await asyncio.sleep(0.01)
+    assert transport.paused
+    await asyncio.sleep(0.04)
+    assert not transport.paused
+    stream.data_received(sse_chunk(2) + sse_chunk(3))  # what SGLang sent meanwhile: one read, one sink call
+    assert seen[-1] == [event(2), event(3)]
+    stream.data_received(b"0\r\n\r\n")
+    await asyncio.wait_for(task, 1)
+    await asyncio.sleep(0.05)
+    assert transport.paused is True  # ended while resting: not read again
+
+
+async def test_a_drained_client_does_not_end_the_coalescing_rest_early():
+    stream, transport = relay_stream(coalesce_s=0.05)
+    stream.data_received(HEAD_CHUNKED + sse_chunk(0))
+    await stream.first()
+    down = Down(blocked=True)
+    task = asyncio.ensure_future(stream.relay(lambda events: False, down))
+    await asyncio.sleep(0)
+    stream.data_received(sse_chunk(1))
+    await asyncio.sleep(0.01)
+    assert down.drains == 1 and transport.paused  # drained, but the rest still holds the reads
+    await asyncio.sleep(0.06)
+    assert not transport.paused
+    stream.data_received(b"0\r\n\r\n")
+    await asyncio.wait_for(task, 1)
+
+
+async def test_coalescing_sends_the_same_bytes_in_fewer_writes(make_sim, make_proxy):
+    sim = await make_sim(incremental_streaming_output=True, tpot_s=0.005)
+    body = orjson.dumps({"messages": USER, "max_tokens": 40, "ignore_eos": True, "stream": True, "seed": 7,
+                         "return_token_ids": True})
+
+    async def stream(proxy) -> tuple[bytes, int]:
+        resp = await proxy.post("/v1/chat/completions", data=body)
+        assert resp.status == 200
+        data, writes = b"", 0
+        async for piece, end_of_chunk in resp.content.iter_chunks():
+            data += piece
+            writes += end_of_chunk  # one HTTP chunk per write of the proxy
+        return re.sub(rb'"(id|created)":("[^"]*"|\d+)', b"", data), writes
+
+    plain, _ = await stream(await make_proxy(sim))
+    coalesced, writes = await stream(await make_proxy(sim, stream_coalesce_ms=40))
+    assert coalesced == plain and plain.count(b"data: ") == 42  # 40 tokens + the final chunk + [DONE]
+    assert writes <= 12  # 40 events 5 ms apart, read every 40 ms: ~6 reads (+ the first, the end)
+
+
 def test_only_plain_http_urls_are_relayed():
     assert relay_target("http://10.0.0.1:30000") == ("10.0.0.1", 30000, "")
     assert relay_target("http://sglang/prefix/") == ("sglang", 80, "/prefix")
@@ -203,3 +265,11 @@ async def test_the_relay_sends_the_bytes_aiohttps_path_sends(make_sim, make_prox
         assert resp.status == 200  # the same prefix-cache state (cached_tokens) for the second request
     proxy.app[CONTEXT].client.callback_streams = False
     assert await stream_bytes() == relayed
+
+
+@pytest.mark.parametrize("value", [-1, 1500])
+def test_stream_coalesce_is_checked_at_start_up(value):
+    from token_proxy.settings import Settings
+
+    with pytest.raises(ValueError, match=r"--stream-coalesce-ms must be in 0\.\.1000 milliseconds"):
+        Settings(stream_coalesce_ms=value)

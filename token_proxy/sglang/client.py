@@ -62,10 +62,10 @@ class SGLangClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, request_timeout_s: float,
                  connect_timeout_s: float = 10.0, first_token_timeout_s: float = 0.0,
                  stream_idle_timeout_s: float = 0.0, *, fresh: aiohttp.ClientSession | None = None,
-                 on_retry: Callable[[str], None] | None = None):
+                 on_retry: Callable[[str], None] | None = None, stream_coalesce_s: float = 0.0):
         """Timeouts: total per request; for streams also until the first event and between events
         (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done.
-        `session` is the pool (`sglang_sessions`); `fresh` opens a connection per request,
+        `stream_coalesce_s`: relayed streams' read pause (sglang/relay.py). `session` is the pool (`sglang_sessions`); `fresh` opens a connection per request,
         for the one retry of a call whose reused connection SGLang had closed (`on_retry(reason)`)."""
         self.base_url = base_url.rstrip("/")
         self._session = session
@@ -75,6 +75,7 @@ class SGLangClient:
         self._stream_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s,
                                                      sock_read=stream_idle_timeout_s or None)
         self._first_token_s = first_token_timeout_s or None
+        self._coalesce_s = stream_coalesce_s
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
         self.callback_streams = True  # False: every stream through aiohttp's client (GeneratorStream)
         self._resolve = cached_resolver()
@@ -99,7 +100,7 @@ class SGLangClient:
                                 connect_s=self._stream_timeout.sock_connect, total_s=self._stream_timeout.total,
                                 idle_s=self._stream_timeout.sock_read, first_token_s=self._first_token_s,
                                 parse_event=_parse_event, error_from_status=_error_from_status,
-                                resolve=self._resolve)
+                                resolve=self._resolve, coalesce_s=self._coalesce_s)
 
     async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
         """Streaming /generate: yields the events that arrived together (one network read), so the
@@ -196,7 +197,7 @@ class SGLangClient:
     def at(self, base_url: str) -> SGLangClient:
         """The same session and timeouts, aimed at another server (one worker behind a router)."""
         return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect,
-                            fresh=self._fresh, on_retry=self._on_retry)
+                            fresh=self._fresh, on_retry=self._on_retry, stream_coalesce_s=self._coalesce_s)
 
     async def call(self, method: str, path: str, body: bytes | None, timeout_s: float,
                    headers: dict | None = None) -> tuple[int, bytes, str]:

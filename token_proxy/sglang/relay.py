@@ -55,8 +55,10 @@ class RelayStream(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str, idle_s: float | None,
                  parse_event: Callable[[bytes], tuple[dict | None, ProxyError | None]],
-                 error_from_status: Callable[[int, bytes], ProxyError]):
-        """`parse_event`, `error_from_status`: sglang/client.py's (it passes them; the decoder is events.py's)."""
+                 error_from_status: Callable[[int, bytes], ProxyError], coalesce_s: float = 0.0):
+        """`parse_event`, `error_from_status`: sglang/client.py's (it passes them; the decoder is events.py's).
+        `coalesce_s` > 0: after each relayed read, SGLang's connection rests unread this long, so what SGLang
+        sends meanwhile arrives as one read and leaves as one write (the first batch is never held)."""
         self._loop = loop
         self._base_url = base_url
         self._decoder = EventDecoder(parse_event)
@@ -77,7 +79,9 @@ class RelayStream(asyncio.Protocol):
         self._error: BaseException | None = None
         self._ended = False
         self._lost = False
-        self._paused = False
+        self._paused = False  # the client's backpressure holds SGLang's reads
+        self._resting = False  # the coalescing pause holds them
+        self._coalesce_s = coalesce_s
         self._idle_s = idle_s
         self._deadline = Deadline(loop, None, None, self._fail)  # no limits until start_timers
         self.first_token_s: float | None = None
@@ -111,7 +115,7 @@ class RelayStream(asyncio.Protocol):
             if self._paused:
                 await downstream.drained()
                 self._paused = False
-                if self.transport is not None and not self._lost:
+                if self.transport is not None and not self._lost and not self._resting:
                     self.transport.resume_reading()
                 self._deadline.touch()
                 continue
@@ -305,12 +309,22 @@ class RelayStream(asyncio.Protocol):
         if sink(events):
             self._end()
             return
+        if self._coalesce_s and not self._resting and not self._paused and not self._lost:
+            self._resting = True
+            self.transport.pause_reading()
+            self._loop.call_later(self._coalesce_s, self._rested)
         if not self._paused and self._downstream.blocked():
             self._paused = True
             self._deadline.pause()  # a slow client is not SGLang's gap
             if self.transport is not None and not self._lost:
                 self.transport.pause_reading()
             self._wake()
+
+    def _rested(self) -> None:
+        self._resting = False
+        if not self._paused and not self._lost and not self._ended and self._error is None:
+            self._deadline.touch()  # the pause was the proxy's, not SGLang's silence
+            self.transport.resume_reading()
 
     def _end(self) -> None:
         if not self._ended and self._error is None:
@@ -362,11 +376,11 @@ def cached_resolver(ttl_s: float = 10.0) -> Callable[[str], Awaitable[str]]:
 async def open_relay(base_url: str, target: tuple[str, int, str], path: str, body: bytes, *,
                      connect_s: float | None, total_s: float | None, idle_s: float | None,
                      first_token_s: float | None, parse_event, error_from_status,
-                     resolve: Callable[[str], Awaitable[str]]) -> RelayStream:
+                     resolve: Callable[[str], Awaitable[str]], coalesce_s: float = 0.0) -> RelayStream:
     """Connect and send the POST; the response is read as it comes (see RelayStream)."""
     host, port, prefix = target
     loop = asyncio.get_running_loop()
-    stream = RelayStream(loop, base_url, idle_s, parse_event, error_from_status)
+    stream = RelayStream(loop, base_url, idle_s, parse_event, error_from_status, coalesce_s)
     try:
         await asyncio.wait_for(loop.create_connection(lambda: stream, await resolve(host), port), connect_s)
     except asyncio.TimeoutError:
