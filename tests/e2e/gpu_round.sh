@@ -13,13 +13,15 @@
 #   e2e           LoRA-enabled server: tests/e2e (LoRA by adapter name through the proxy, tools, weights)
 #   sleep         memory-saver server: tests/e2e/test_live_sleep.py
 #   bench-*       plain server (no LoRA kernels): bench/bench_ceiling.py, every point saved as it ends
+#   bench NAME [SECONDS] -- ARGS...   plain server: bench/bench_ceiling.py ARGS (--sglang given), rows to
+#                 $OUT/NAME.json, table to $OUT/NAME.md, stopped after SECONDS (default 540)
 #   rhythm        plain server: bench/chaos.py --rhythm, 24 bursts of 256 chats (6,144) through one proxy
 #                 worker, idle gaps sweeping 4.5-6 s across SGLang's 5 s keep-alive; lost must be 0 (~4 min)
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/gpu-round}; mkdir -p "$OUT"
 T0=$(date +%s); log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-mode=${1:?e2e|sleep|bench-stream|bench-nonstream|rhythm}
+mode=${1:?e2e|sleep|bench-stream|bench-nonstream|bench|rhythm}
 
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
@@ -31,7 +33,7 @@ case "$mode" in
   e2e) kind=lora; args="--enable-lora --max-lora-rank 8 --lora-target-modules q_proj k_proj v_proj o_proj
          --max-loras-per-batch 4 --constrained-json-disable-any-whitespace --incremental-streaming-output" ;;
   sleep) kind=saver; args="--enable-memory-saver --enable-weights-cpu-backup --incremental-streaming-output" ;;
-  bench-*|rhythm) kind=plain; args="--incremental-streaming-output" ;;
+  bench|bench-*|rhythm) kind=plain; args="--incremental-streaming-output" ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 if [ "$(cat /tmp/sglang.kind 2>/dev/null)" != "$kind" ] && [ -f /tmp/sglang.pid ]; then
@@ -67,6 +69,12 @@ case "$mode" in
     timeout 540 python3 bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --proxy-workers 1 2 4 \
       --concurrency 1 256 1024 --stream "$stream" --prompts distinct grpo --clients 8 --single-requests 20 \
       --json-out "$OUT/ceiling-$stream.json" 2>&1 | tee "$OUT/ceiling-$stream.md" | tail -60 ;;
+  bench)
+    name=${2:?bench NAME [SECONDS] -- ARGS}; shift 2; limit=540
+    if [ "${1:-}" != "--" ]; then limit=$1; shift; fi
+    [ "${1:-}" = "--" ] && shift
+    timeout "$limit" python3 bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --json-out "$OUT/$name.json" "$@" 2>&1 \
+      | tee "$OUT/$name.md" | tail -40 ;;
   rhythm)
     timeout 420 python3 bench/chaos.py --sglang http://127.0.0.1:30000 --rhythm --rounds 24 --burst 256 \
       --gaps 4.5 6 --max-tokens 16 --json-out "$OUT/rhythm.json" 2>&1 | tee "$OUT/rhythm.md" | tail -20 ;;
