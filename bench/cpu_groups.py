@@ -234,10 +234,11 @@ def parse_cpulist(text: str) -> set[int]:
     """'0-5,8,10-11' (the kernel's cpulist syntax) -> {0, ..., 5, 8, 10, 11}."""
     cpus = set()
     for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        if not low.isdigit() or not (high or low).isdigit() or int(high or low) < int(low):
+        low, sep, high = part.strip().partition("-")
+        high = high if sep else low
+        if not low.isdigit() or not high.isdigit() or int(high) < int(low):
             raise ValueError(f"'{text}' is not a CPU list")
-        cpus.update(range(int(low), int(high or low) + 1))
+        cpus.update(range(int(low), int(high) + 1))
     return cpus
 
 
