@@ -220,6 +220,7 @@ class Host:
     """What each point measures and pins: SGLang's processes (found once, at start-up), the pins asked for."""
     sglang: dict[str, list[int]]
     pins: dict[str, set[int]]
+    unpinned: dict[int, set[int]] = field(default_factory=dict)  # SGLang's threads' affinity before --pin
 
     def groups(self, proxy_pid: int | None) -> dict[str, list[int]]:
         groups = dict(self.sglang)
@@ -416,7 +417,10 @@ def main() -> None:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
-    procs = []
+    procs, host = [], None
+    # `timeout` (gpu_round.sh) stops a long run with SIGTERM: clean up as on any exit, so no proxy is
+    # left running and SGLang, which outlives the bench, is not left pinned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if args.simulator:
             sim, backend = start_simulator(args.sim_tpot_ms, args.sim_ttft_ms)
@@ -434,6 +438,8 @@ def main() -> None:
             print(f"  token-proxy has no --workers yet: runs only {worker_counts}", file=sys.stderr)
         rows = run_all(args, backend, worker_counts, host)
     finally:
+        if host and host.pins:
+            cpu_groups.restore(host.unpinned, [pid for pids in host.sglang.values() for pid in pids])
         for proc in procs:
             stop(proc)
     print_table(args, info, rows)
@@ -452,8 +458,9 @@ def find_host(args, backend: str, procs: list[subprocess.Popen], pins: dict[str,
     if not any(sglang.values()) and any(cpu_groups.pins_for(pins, g) for g in sglang):
         raise SystemExit(f"--pin sglang: no SGLang process on this host listens at {backend}: "
                          "run the bench on SGLang's host, or drop the sglang pin")
+    unpinned = cpu_groups.affinities([pid for pids in sglang.values() for pid in pids])
     cpu_groups.pin_groups(pins, sglang)
-    return Host(sglang, pins)
+    return Host(sglang, pins, unpinned)
 
 
 def run_all(args, backend: str, worker_counts: list[int], host: Host) -> list[Row]:

@@ -292,6 +292,29 @@ def pin(pids, cpus: set[int]) -> None:
                                      "run the bench as that process's user or as root") from None
 
 
+def affinities(pids) -> dict[int, set[int]]:
+    """tid -> CPU affinity of every thread of these processes (pid's own entry: its main thread's)."""
+    out = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    out[int(tid)] = os.sched_getaffinity(int(tid))
+    return out
+
+
+def restore(saved: dict[int, set[int]], pids) -> None:
+    """Every thread back to the affinity it had (one started since: its process's): SGLang outlives the
+    bench, and the next run must not find it pinned."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                cpus = saved.get(int(tid)) or saved.get(pid)
+                if cpus:
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), cpus)
+
+
 def pin_groups(pins: dict[str, set[int]], groups: dict[str, list[int]]) -> None:
     for group, pids in groups.items():
         if (cpus := pins_for(pins, group)) is not None:

@@ -114,7 +114,7 @@ def test_sglang_found_by_its_port_and_its_scheduler_by_title(cg):
         main.wait(timeout=10)
 
 
-def test_pin_sets_every_thread_of_a_process(cg):
+def test_pin_sets_every_thread_of_a_process_and_restore_undoes_it(cg):
     cpu = min(os.sched_getaffinity(0))
     proc = subprocess.Popen([sys.executable, "-c", ("import sys, threading\n"
                              "threading.Thread(target=sys.stdin.read).start(); print(flush=True); sys.stdin.read()")],
@@ -123,8 +123,12 @@ def test_pin_sets_every_thread_of_a_process(cg):
         proc.stdout.readline()
         tids = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task")]
         assert len(tids) == 2
+        before = cg.affinities([proc.pid])
+        assert before == {t: os.sched_getaffinity(0) for t in tids}
         cg.pin([proc.pid], {cpu})
         assert [os.sched_getaffinity(t) for t in tids] == [{cpu}, {cpu}]
+        cg.restore(before, [proc.pid])  # what the bench does to SGLang, which outlives it
+        assert [os.sched_getaffinity(t) for t in tids] == [os.sched_getaffinity(0)] * 2
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
