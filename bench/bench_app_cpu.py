@@ -35,21 +35,9 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_proxy import chat_prompt, free_port, start
+from cpu_groups import cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def cpu_s(pid: int) -> float:
-    """On-CPU seconds of every thread of `pid` (schedstat: nanoseconds, where /proc's utime+stime
-    counts 10 ms ticks; the proxy has no child processes without --workers)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            continue  # a thread that ended (its time is lost: the executor's threads live on)
-    return total / 1e9
 
 
 def chat_body(tokens: int, stream: bool, salt: int | None) -> bytes:

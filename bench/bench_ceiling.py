@@ -15,11 +15,17 @@ Targets:
 
 Reports req/s, the proxy's throughput divided by the ceiling's, p50/p99 latency, TTFT p50 (streams)
 and the CPU the proxy's process tree used (utime+stime from /proc, as cores and as ms per request).
+Every point also gets a CPU profile by process group (cpu_groups.py): the cores and the run-queue wait
+(ms per second, from each thread's schedstat) of SGLang's scheduler, the rest of SGLang, the proxy and
+the clients, and the host's load, so a slow point shows whether SGLang's scheduler waited for a core.
+`--pin` puts each group on its own CPUs (os.sched_setaffinity on every thread) to remove that wait.
 
     # the GPU host, a live SGLang server:
     python bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --proxy-workers 1 2 4
     # a dry run against the built-in simulator (no GPU; SGLang's own chat is not simulated):
     python bench/bench_ceiling.py --simulator --concurrency 1 16 --single-requests 20 --rounds 2
+    # the GPU host, each group on its own cores (16 here):
+    python bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -44,10 +51,11 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_groups
 from bench_proxy import free_port, start
+from cpu_groups import descendants, pin, stats_delta, thread_stats, tree_cpu_s
 
 GROUP = 8  # GRPO-style: each prompt sent this many times in a row
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 _unique = itertools.count(int(time.time()) % 1_000_000 * 10_000)  # new prompt texts across runs too
 
 
@@ -147,6 +155,7 @@ async def _client(url, bodies, stream, concurrency, counter, n, ready, go, max_t
                 await _one(session, url, body, stream)
         await asyncio.to_thread(ready.wait)
         await asyncio.to_thread(go.wait)
+        own0 = thread_stats([os.getpid()])  # the clients' CPU profile, read by each client itself
 
         def take() -> int:
             with counter.get_lock():
@@ -170,35 +179,14 @@ async def _client(url, bodies, stream, concurrency, counter, n, ready, go, max_t
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         t1 = time.perf_counter()
-    return {"lat": lat, "ttft": ttfts, "errors": errors, "short": short, "t0": t0, "t1": t1}
+        own = stats_delta(own0, thread_stats([os.getpid()]))
+    return {"lat": lat, "ttft": ttfts, "errors": errors, "short": short, "t0": t0, "t1": t1, "sched": own}
 
 
-def _client_main(args, out):
+def _client_main(args, out, cpus):
+    if cpus:  # before any thread starts: the ones to come inherit it
+        pin([os.getpid()], cpus)
     out.put(asyncio.run(_client(*args)))
-
-
-# ---------------------------------------------------------------- CPU of the proxy's process tree
-
-def tree_cpu_s(root: int) -> float:
-    """utime + stime of root and every live descendant, in seconds."""
-    parent, cpu = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        parent[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += cpu.get(pid, 0.0)
-        todo += [child for child, ppid in parent.items() if ppid == pid]
-    return total
 
 
 # ---------------------------------------------------------------- one point
@@ -227,8 +215,22 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000 if values else float("nan")
 
 
+@dataclass
+class Host:
+    """What each point measures and pins: SGLang's processes (found once, at start-up), the pins asked for."""
+    sglang: dict[str, list[int]]
+    pins: dict[str, set[int]]
+    unpinned: dict[int, set[int]] = field(default_factory=dict)  # SGLang's threads' affinity before --pin
+
+    def groups(self, proxy_pid: int | None) -> dict[str, list[int]]:
+        groups = dict(self.sglang)
+        if proxy_pid:
+            groups["proxy"] = [proxy_pid, *descendants(proxy_pid)]
+        return groups
+
+
 def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clients: int, flush_url: str | None,
-              proxy_pid: int | None, max_tokens: int) -> Row:
+              proxy_pid: int | None, max_tokens: int, host: Host) -> Row:
     procs_n = max(1, min(clients, row.concurrency))
     shares = [row.concurrency // procs_n + (p < row.concurrency % procs_n) for p in range(procs_n)]
     ctx = mp.get_context("fork")  # the bodies are inherited, not pickled
@@ -238,7 +240,7 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     out = ctx.Queue()
     procs = [ctx.Process(target=_client_main, daemon=True, args=(
         (url, bodies, row.stream, share, counter, row.n, ready, go, max_tokens, warmup[p::procs_n][:2] or warmup[:1]),
-        out)) for p, share in enumerate(shares)]
+        out, cpu_groups.pins_for(host.pins, "clients"))) for p, share in enumerate(shares)]
     for proc in procs:
         proc.start()
     ready.wait()
@@ -246,10 +248,15 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
         with contextlib.suppress(OSError), urllib.request.urlopen(
                 urllib.request.Request(flush_url, data=b"{}", method="POST"), timeout=60):
             pass
+    groups = host.groups(proxy_pid)
+    cpu_groups.pin_groups(host.pins, groups)  # again each point: SGLang and the proxy start threads lazily
+    meter = cpu_groups.PointMeter(groups)
     cpu0 = tree_cpu_s(proxy_pid) if proxy_pid else None
     seen0 = sglang_ttft(flush_url)
+    meter.start()
     go.wait()
     parts = [out.get() for _ in procs]
+    row.extra.update(meter.stop())
     cpu1 = tree_cpu_s(proxy_pid) if proxy_pid else None
     seen1 = sglang_ttft(flush_url)
     if seen0 and seen1 and seen1[1] > seen0[1]:  # SGLang's own TTFT (receipt to first token), this point's mean
@@ -264,6 +271,11 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     row.ttft50 = pct(ttft, 0.5) if row.stream else float("nan")
     row.errors = sum(p["errors"] for p in parts)
     row.short = sum(p["short"] for p in parts)
+    if wall > 0:
+        clients_sched = [sum(x) for x in zip(*(p["sched"] for p in parts))]
+        row.extra.update(cpu_groups.group_extra("clients", clients_sched, wall))
+    if host.pins:
+        row.extra["pin"] = {group: cpu_groups.format_cpulist(cpus) for group, cpus in host.pins.items()}
     if cpu0 is not None:
         # The counters move between the barrier and the first request by the clients' own wait only.
         row.cores = (cpu1 - cpu0) / wall if wall > 0 else None
@@ -343,12 +355,6 @@ def get_json(url: str) -> dict:
         return json.load(resp)
 
 
-def descendants(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], check=False, capture_output=True, text=True).stdout
-    children = [int(x) for x in out.split()]
-    return children + [d for c in children for d in descendants(c)]
-
-
 def stop(proc: subprocess.Popen, profile: str | None = None) -> None:
     if profile:  # py-spy writes its profile on SIGINT, then the proxy it ran is stopped
         tree = descendants(proc.pid)
@@ -402,9 +408,19 @@ def main() -> None:
     parser.add_argument("--json-out", help="also write the rows here")
     parser.add_argument("--profile", metavar="DIR", help="py-spy the proxy (speedscope files) and keep its access "
                         "lines (per-stage times) in DIR; its CPU column then includes py-spy's")
+    parser.add_argument("--pin", action="append", default=[], metavar="GROUP=CPULIST",
+                        help="run a group on these CPUs (repeatable; groups: sglang, sglang_sched, sglang_other, "
+                        "proxy, clients), e.g. --pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15")
     args = parser.parse_args()
+    try:
+        pins = cpu_groups.parse_pins(args.pin, os.sched_getaffinity(0))
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
-    procs = []
+    procs, host = [], None
+    # `timeout` (gpu_round.sh) stops a long run with SIGTERM: clean up as on any exit, so no proxy is
+    # left running and SGLang, which outlives the bench, is not left pinned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         if args.simulator:
             sim, backend = start_simulator(args.sim_tpot_ms, args.sim_ttft_ms)
@@ -415,21 +431,43 @@ def main() -> None:
         else:
             backend = args.sglang.rstrip("/")
         info = get_json(backend + "/server_info")
+        host = find_host(args, backend, procs, pins)
         workers_ok = proxy_supports_workers()
         worker_counts = [w for w in args.proxy_workers if w == 1 or workers_ok]
         if worker_counts != args.proxy_workers:
             print(f"  token-proxy has no --workers yet: runs only {worker_counts}", file=sys.stderr)
-        rows = run_all(args, backend, worker_counts)
+        rows = run_all(args, backend, worker_counts, host)
     finally:
+        if host and host.pins:
+            cpu_groups.restore(host.unpinned, [pid for pids in host.sglang.values() for pid in pids])
         for proc in procs:
             stop(proc)
     print_table(args, info, rows)
 
 
-def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
+def find_host(args, backend: str, procs: list[subprocess.Popen], pins: dict[str, set[int]]) -> Host:
+    """SGLang's processes on this host (the simulator counts as SGLang's non-scheduler part: it has
+    none), named on stderr so a wrong match shows; SGLang's pins applied."""
+    if args.simulator:
+        sglang = cpu_groups.split_sglang([procs[0].pid, *descendants(procs[0].pid)])
+    else:
+        sglang = cpu_groups.sglang_groups(urllib.parse.urlsplit(backend).port or 80)
+    for group, pids in sglang.items():
+        names = ", ".join(f"{pid} {cpu_groups.cmdline(pid)[:50]!r}" for pid in pids) or "none found"
+        print(f"  {group}: {names}", file=sys.stderr)
+    if not any(sglang.values()) and any(cpu_groups.pins_for(pins, g) for g in sglang):
+        raise SystemExit(f"--pin sglang: no SGLang process on this host listens at {backend}: "
+                         "run the bench on SGLang's host, or drop the sglang pin")
+    unpinned = cpu_groups.affinities([pid for pids in sglang.values() for pid in pids])
+    cpu_groups.pin_groups(pins, sglang)
+    return Host(sglang, pins, unpinned)
+
+
+def run_all(args, backend: str, worker_counts: list[int], host: Host) -> list[Row]:
     rows = []
     flush = backend + "/flush_cache"
     proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1, args.proxy_arg, args.profile)
+    cpu_groups.pin_groups(host.pins, host.groups(proxy.pid))
     try:
         model = get_json(proxy_url + "/v1/models")["data"][0]["id"]
         warm = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
@@ -453,13 +491,15 @@ def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
                     warmup = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in warm]
                     url = backend + "/v1/chat/completions"
                 print(f"  {target} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
-                rows.append(run_point(row, url, bodies, warmup, args.clients, flush, None, args.max_tokens))
+                rows.append(run_point(row, url, bodies, warmup, args.clients, flush, None, args.max_tokens,
+                                     host))
                 saved(args, rows)
         if "proxy" in args.targets:
             for i, workers in enumerate(worker_counts):
                 if i:
                     stop(proxy, args.profile)
                     proxy, proxy_url = start_proxy(backend, workers, args.proxy_arg, args.profile)
+                    cpu_groups.pin_groups(host.pins, host.groups(proxy.pid))
                 for stream, repeats, conc, n in points(args):
                     plan = prompt_plan(n, repeats, args.facts)
                     bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
@@ -467,7 +507,7 @@ def run_all(args, backend: str, worker_counts: list[int]) -> list[Row]:
                     print(f"  proxy x{workers} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
                     rows.append(run_point(Row("proxy", workers, stream, repeats, conc, n),
                                           proxy_url + "/v1/chat/completions", bodies, warmup, args.clients, flush,
-                                          proxy.pid, args.max_tokens))
+                                          proxy.pid, args.max_tokens, host))
                     saved(args, rows)
     finally:
         stop(proxy, args.profile)
@@ -494,9 +534,14 @@ def print_table(args, info: dict, rows: list[Row]) -> None:
           f"{info.get('model_path')}; ~{getattr(args, 'prompt_tokens', '?')}-token chat prompts, {args.max_tokens} "
           f"output tokens (ignore_eos, temperature 1); {args.clients} client processes; "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
+    profiled = cpu_groups.measured(r.extra for r in rows)
+    if profiled:
+        print(cpu_groups.pin_line(rows[0].extra.get("pin")))
+    sched = f" {cpu_groups.SCHED_HEADER} |" if profiled else ""
     print("| target | stream | prompts | conc | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | p99 ms "
-          "| TTFT p50 ms | SGLang's TTFT mean ms | proxy cores | proxy CPU ms/req | errors |")
-    print("|" + "---|" * 15)
+          f"| TTFT p50 ms | SGLang's TTFT mean ms | proxy cores | proxy CPU ms/req |{sched} errors |")
+    print("|" + "---|" * (17 if profiled else 15))
+    labelled = []
     names = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
     for r in sorted(rows, key=lambda r: (r.stream, r.repeats, r.concurrency, r.target != "generate",
                                          r.target != "chat", r.workers or 0)):
@@ -511,9 +556,15 @@ def print_table(args, info: dict, rows: list[Row]) -> None:
         cores = f"{r.cores:.2f}" if r.cores is not None else "-"
         cpu = f"{r.cpu_ms:.2f}" if r.cpu_ms is not None else "-"
         err = f"{r.errors}" + (f" (+{r.short} short)" if r.short else "")
-        print(f"| {name} | {'yes' if r.stream else 'no'} | {'GRPO x8' if r.repeats else 'distinct'} "
-              f"| {r.concurrency} | {r.n} | {r.rps:.1f} | {ratio} | {vs_chat} | {r.p50:.2f} | {r.p99:.2f} | {ttft} "
-              f"| {seen} | {cores} | {cpu} | {err} |")
+        label = f"{name} | {'yes' if r.stream else 'no'} | {'GRPO x8' if r.repeats else 'distinct'} | {r.concurrency}"
+        sched = f" {cpu_groups.sched_cells(r.extra)} |" if profiled else ""
+        print(f"| {label} | {r.n} | {r.rps:.1f} | {ratio} | {vs_chat} | {r.p50:.2f} | {r.p99:.2f} | {ttft} "
+              f"| {seen} | {cores} | {cpu} |{sched} {err} |")
+        labelled.append((label, r.extra))
+    if profiled:
+        print("\nCPU by process group over each point (cores; run-queue wait in ms per second of wall, summed "
+              "over threads; wait ÷ CPU: the scheduler's wait per second it ran):")
+        print("\n".join(cpu_groups.group_table("target | stream | prompts | conc", labelled)))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ is noisy, so only ratios within one run count).
     python bench/ceiling_report.py run1.json run2.json ... [--plot ceiling.png]
 
 The plot (req/s and TTFT p50 against concurrency, one line per target, streams and not) needs
-matplotlib (pip install matplotlib); the table does not.
+matplotlib (pip install matplotlib); the table does not. Files with the CPU profile by process group
+(cpu_groups.py) add SGLang's scheduler's cores and run-queue wait to the table, a second table with
+every group, and their CPU pinning.
 """
 
 from __future__ import annotations
@@ -15,6 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_groups
 
 NAMES = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
 
@@ -43,20 +50,32 @@ def fmt(value, digits: int = 1) -> str:
 def table(rows: list[dict]) -> list[str]:
     ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
     chat = {key_of(r): r for r in rows if r["target"] == "chat"}
+    profiled = cpu_groups.measured(r.get("extra", {}) for r in rows)
+    sched = f" {cpu_groups.SCHED_HEADER} |" if profiled else ""
     header = ("| stream | prompts | conc | target | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | TTFT p50 ms "
-              "| SGLang's TTFT mean ms | proxy CPU ms/req | errors |")
-    lines = [header, "|" + "---|" * 13]
+              f"| SGLang's TTFT mean ms | proxy CPU ms/req |{sched} errors |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    labelled = []
     order = {"generate": 0, "chat": 1, "proxy": 2}
     for r in sorted(rows, key=lambda r: (not r["stream"], r["repeats"], r["concurrency"], order[r["target"]],
                                          r["workers"] or 0, r["run"])):
         ceil, ref = ceiling.get(key_of(r)), chat.get(key_of(r))
         ratio = f"{r['rps'] / ceil['rps']:.2f}" if ceil and r["target"] != "generate" else "-"
         vs_chat = f"{r['rps'] / ref['rps']:.2f}" if ref and r["target"] == "proxy" else "-"
+        extra = r.get("extra", {})
+        label = (f"{'yes' if r['stream'] else 'no'} | {'GRPO x8' if r['repeats'] else 'distinct'} | {r['concurrency']} "
+                 f"| {name_of(r)}")
+        sched = f" {cpu_groups.sched_cells(extra)} |" if profiled else ""
         lines.append(
-            f"| {'yes' if r['stream'] else 'no'} | {'GRPO x8' if r['repeats'] else 'distinct'} | {r['concurrency']} "
-            f"| {name_of(r)} | {r['n']} | {r['rps']:.1f} | {ratio} | {vs_chat} | {fmt(r['p50'], 0)} "
-            f"| {fmt(r['ttft50'], 0) if r['stream'] else '-'} | {fmt(r.get('extra', {}).get('sglang_ttft_ms'), 0)} "
-            f"| {fmt(r['cpu_ms'], 2)} | {r['errors']} |")
+            f"| {label} | {r['n']} | {r['rps']:.1f} | {ratio} | {vs_chat} | {fmt(r['p50'], 0)} "
+            f"| {fmt(r['ttft50'], 0) if r['stream'] else '-'} | {fmt(extra.get('sglang_ttft_ms'), 0)} "
+            f"| {fmt(r['cpu_ms'], 2)} |{sched} {r['errors']} |")
+        if cpu_groups.measured([extra]):  # rows of older files have none of it
+            labelled.append((label, extra))
+    if profiled:
+        pins = sorted({cpu_groups.pin_line(x.get("pin")) for _, x in labelled})
+        lines += ["", "CPU by process group (cores; run-queue wait in ms per second of wall, summed over threads); "
+                  + "; ".join(pins) + ":", *cpu_groups.group_table("stream | prompts | conc | target", labelled)]
     return lines
 
 

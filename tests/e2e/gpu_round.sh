@@ -12,7 +12,8 @@
 # SGLang is started once per server kind and kept between calls on a warm machine (setsid):
 #   e2e           LoRA-enabled server: tests/e2e (LoRA by adapter name through the proxy, tools, weights)
 #   sleep         memory-saver server: tests/e2e/test_live_sleep.py
-#   bench-*       plain server (no LoRA kernels): bench/bench_ceiling.py, every point saved as it ends
+#   bench-*       plain server (no LoRA kernels): bench/bench_ceiling.py, every point saved as it ends;
+#                 BENCH_ARGS adds its flags, e.g. BENCH_ARGS="--pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15"
 #   bench NAME [SECONDS] -- ARGS...   plain server: bench/bench_ceiling.py ARGS (--sglang given), rows to
 #                 $OUT/NAME.json, table to $OUT/NAME.md, stopped after SECONDS (default 540)
 #   rhythm        plain server: bench/chaos.py --rhythm, 24 bursts of 256 chats (6,144) through one proxy
@@ -66,9 +67,10 @@ case "$mode" in
       | tee "$OUT/$mode.log" | tail -40 ;;
   bench-*)
     stream=${mode#bench-}
+    # shellcheck disable=SC2086
     timeout 540 python3 bench/bench_ceiling.py --sglang http://127.0.0.1:30000 --proxy-workers 1 2 4 \
       --concurrency 1 256 1024 --stream "$stream" --prompts distinct grpo --clients 8 --single-requests 20 \
-      --json-out "$OUT/ceiling-$stream.json" 2>&1 | tee "$OUT/ceiling-$stream.md" | tail -60 ;;
+      --json-out "$OUT/ceiling-$stream.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/ceiling-$stream.md" | tail -90 ;;
   bench)
     name=${2:?bench NAME [SECONDS] -- ARGS}; shift 2; limit=540
     if [ "${1:-}" != "--" ]; then limit=$1; shift; fi
