@@ -38,6 +38,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,6 +54,8 @@ import orjson
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_groups
 from bench_proxy import free_port, start
+from ceiling_report import rounds_table
+from ceiling_report import table as report_table
 from cpu_groups import descendants, pin, stats_delta, thread_stats, tree_cpu_s
 
 GROUP = 8  # GRPO-style: each prompt sent this many times in a row
@@ -208,6 +211,8 @@ class Row:
     errors: int = 0
     short: int = 0
     extra: dict = field(default_factory=dict)
+    flags: str = ""  # the proxy's extra flags (--proxy-config)
+    round: int | None = None  # --interleave: which round
 
 
 def pct(values: list[float], q: float) -> float:
@@ -393,6 +398,13 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=["generate", "chat", "proxy"],
                         choices=["generate", "chat", "proxy"])
     parser.add_argument("--proxy-workers", type=int, nargs="+", default=[1])
+    parser.add_argument("--proxy-config", action="append", default=[], metavar="WORKERS[:FLAGS]",
+                        help="a proxy to measure, instead of --proxy-workers (repeatable): its worker count and "
+                        "extra token-proxy flags, e.g. --proxy-config 1 --proxy-config '1:--stream-coalesce-ms 20'")
+    parser.add_argument("--interleave", type=int, default=0, metavar="R",
+                        help="R rounds per point, every target once per round (order reversed every other "
+                        "round), every proxy running throughout: each round's ratios are against its own "
+                        "ceiling, so a noisy host's drift cancels (the table adds their median)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 256, 1024])
     parser.add_argument("--stream", nargs="+", default=["nonstream", "stream"], choices=["nonstream", "stream"])
     parser.add_argument("--prompts", nargs="+", default=["distinct", "grpo"], choices=["distinct", "grpo"])
@@ -432,11 +444,8 @@ def main() -> None:
             backend = args.sglang.rstrip("/")
         info = get_json(backend + "/server_info")
         host = find_host(args, backend, procs, pins)
-        workers_ok = proxy_supports_workers()
-        worker_counts = [w for w in args.proxy_workers if w == 1 or workers_ok]
-        if worker_counts != args.proxy_workers:
-            print(f"  token-proxy has no --workers yet: runs only {worker_counts}", file=sys.stderr)
-        rows = run_all(args, backend, worker_counts, host)
+        configs = proxy_configs(args)
+        rows = (run_interleaved if args.interleave else run_all)(args, backend, configs, host)
     finally:
         if host and host.pins:
             cpu_groups.restore(host.unpinned, [pid for pids in host.sglang.values() for pid in pids])
@@ -463,10 +472,79 @@ def find_host(args, backend: str, procs: list[subprocess.Popen], pins: dict[str,
     return Host(sglang, pins, unpinned)
 
 
-def run_all(args, backend: str, worker_counts: list[int], host: Host) -> list[Row]:
+def proxy_configs(args) -> list[tuple[int, str]]:
+    """(workers, extra flags) of every proxy to measure."""
+    if not args.proxy_config:
+        configs = [(w, "") for w in args.proxy_workers]
+    else:
+        configs = []
+        for spec in args.proxy_config:
+            workers, _, flags = spec.partition(":")
+            if not workers.strip().isdigit():
+                raise SystemExit(f"--proxy-config {spec!r}: start with the worker count, e.g. '1:--stream-coalesce-ms 20'")
+            configs.append((int(workers), flags.strip()))
+    if not proxy_supports_workers() and any(w != 1 for w, _ in configs):
+        print("  token-proxy has no --workers yet: runs only 1 worker", file=sys.stderr)
+        configs = [(w, f) for w, f in configs if w == 1]
+    return configs
+
+
+def run_interleaved(args, backend: str, configs: list[tuple[int, str]], host: Host) -> list[Row]:
+    """Every point: --interleave rounds of (ceiling, SGLang's chat, each proxy), with every proxy started once
+    and running throughout (an idle proxy costs nothing measurable)."""
+    rows: list[Row] = []
+    flush = backend + "/flush_cache"
+    proxies = []
+    try:
+        for workers, flags in configs:
+            proc, url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags)], args.profile)
+            proxies.append((workers, flags, proc, url))
+            cpu_groups.pin_groups(host.pins, host.groups(proc.pid))
+        first_url = proxies[0][3]  # renders and tokenizes the ceiling's prompts (measured or not)
+        model = get_json(first_url + "/v1/models")["data"][0]["id"]
+        warm = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
+        warm_ids = asyncio.run(tokenize_all(first_url, warm))
+        args.prompt_tokens = len(warm_ids[0])
+        for stream, repeats, conc, n in points(args):
+            for rnd in range(args.interleave):
+                turns = [t for t in ("generate", "chat") if t in args.targets]
+                turns += [p for p in proxies if "proxy" in args.targets]
+                for turn in (turns if rnd % 2 == 0 else turns[::-1]):
+                    plan = prompt_plan(n, repeats, args.facts)
+                    if turn == "generate":
+                        ids = asyncio.run(tokenize_all(first_url, plan))
+                        row, url, proxy_pid = Row("generate", None, stream, repeats, conc, n), backend + "/generate", None
+                        bodies = [generate_body(x, stream, args.max_tokens) for x in ids]
+                        warmup = [generate_body(x, stream, args.max_tokens) for x in warm_ids]
+                    elif turn == "chat":
+                        row, url, proxy_pid = Row("chat", None, stream, repeats, conc, n), backend + "/v1/chat/completions", None
+                        bodies = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in plan]
+                        warmup = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in warm]
+                    else:
+                        workers, flags, proc, purl = turn
+                        row = Row("proxy", workers, stream, repeats, conc, n, flags=flags)
+                        url, proxy_pid = purl + "/v1/chat/completions", proc.pid
+                        bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
+                        warmup = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in warm]
+                    row.round = rnd
+                    print(f"  round {rnd} {row.target} x{row.workers} {flags if proxy_pid else ''} stream={stream} "
+                          f"grpo={repeats} c={conc} n={n}", file=sys.stderr)
+                    rows.append(run_point(row, url, bodies, warmup, args.clients, flush, proxy_pid, args.max_tokens,
+                                          host))
+                    saved(args, rows)
+    finally:
+        for *_, proc, _url in proxies:
+            stop(proc, args.profile)
+    return rows
+
+
+def run_all(args, backend: str, configs: list[tuple[int, str]], host: Host) -> list[Row]:
     rows = []
     flush = backend + "/flush_cache"
-    proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1, args.proxy_arg, args.profile)
+    worker_counts = [w for w, _ in configs]
+    flags_of = [f for _, f in configs]
+    proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1,
+                                   [*args.proxy_arg, *shlex.split(flags_of[0] if flags_of else "")], args.profile)
     cpu_groups.pin_groups(host.pins, host.groups(proxy.pid))
     try:
         model = get_json(proxy_url + "/v1/models")["data"][0]["id"]
@@ -498,14 +576,15 @@ def run_all(args, backend: str, worker_counts: list[int], host: Host) -> list[Ro
             for i, workers in enumerate(worker_counts):
                 if i:
                     stop(proxy, args.profile)
-                    proxy, proxy_url = start_proxy(backend, workers, args.proxy_arg, args.profile)
+                    proxy, proxy_url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags_of[i])],
+                                                   args.profile)
                     cpu_groups.pin_groups(host.pins, host.groups(proxy.pid))
                 for stream, repeats, conc, n in points(args):
                     plan = prompt_plan(n, repeats, args.facts)
                     bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
                     warmup = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in warm]
                     print(f"  proxy x{workers} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
-                    rows.append(run_point(Row("proxy", workers, stream, repeats, conc, n),
+                    rows.append(run_point(Row("proxy", workers, stream, repeats, conc, n, flags=flags_of[i]),
                                           proxy_url + "/v1/chat/completions", bodies, warmup, args.clients, flush,
                                           proxy.pid, args.max_tokens, host))
                     saved(args, rows)
@@ -526,46 +605,19 @@ def saved(args, rows: list[Row]) -> None:
 
 
 def print_table(args, info: dict, rows: list[Row]) -> None:
-    ceiling = {(r.stream, r.repeats, r.concurrency): r for r in rows if r.target == "generate"}
-    chat = {(r.stream, r.repeats, r.concurrency): r for r in rows if r.target == "chat"}
+    """The run's header line, then ceiling_report.py's tables of these rows (one way to print a run)."""
     kind = "built-in simulator" if args.simulator else f"SGLang {info.get('version')}"
     streams = "incremental" if info.get("incremental_streaming_output") else "cumulative"
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {kind} ({streams} streams), model "
           f"{info.get('model_path')}; ~{getattr(args, 'prompt_tokens', '?')}-token chat prompts, {args.max_tokens} "
           f"output tokens (ignore_eos, temperature 1); {args.clients} client processes; "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    profiled = cpu_groups.measured(r.extra for r in rows)
-    if profiled:
-        print(cpu_groups.pin_line(rows[0].extra.get("pin")))
-    sched = f" {cpu_groups.SCHED_HEADER} |" if profiled else ""
-    print("| target | stream | prompts | conc | n | req/s | ÷ ceiling | ÷ SGLang chat | p50 ms | p99 ms "
-          f"| TTFT p50 ms | SGLang's TTFT mean ms | proxy cores | proxy CPU ms/req |{sched} errors |")
-    print("|" + "---|" * (17 if profiled else 15))
-    labelled = []
-    names = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
-    for r in sorted(rows, key=lambda r: (r.stream, r.repeats, r.concurrency, r.target != "generate",
-                                         r.target != "chat", r.workers or 0)):
-        key = (r.stream, r.repeats, r.concurrency)
-        ceil = ceiling.get(key)
-        ref = chat.get(key)
-        ratio = f"{r.rps / ceil.rps:.2f}" if ceil and ceil.rps and r.target != "generate" else "-"
-        vs_chat = f"{r.rps / ref.rps:.2f}" if ref and ref.rps and r.target == "proxy" else "-"
-        name = names.get(r.target) or f"proxy, {r.workers} worker{'s' if r.workers != 1 else ''}"
-        ttft = f"{r.ttft50:.2f}" if r.stream else "-"
-        seen = f"{r.extra['sglang_ttft_ms']:.1f}" if "sglang_ttft_ms" in r.extra else "-"
-        cores = f"{r.cores:.2f}" if r.cores is not None else "-"
-        cpu = f"{r.cpu_ms:.2f}" if r.cpu_ms is not None else "-"
-        err = f"{r.errors}" + (f" (+{r.short} short)" if r.short else "")
-        label = f"{name} | {'yes' if r.stream else 'no'} | {'GRPO x8' if r.repeats else 'distinct'} | {r.concurrency}"
-        sched = f" {cpu_groups.sched_cells(r.extra)} |" if profiled else ""
-        print(f"| {label} | {r.n} | {r.rps:.1f} | {ratio} | {vs_chat} | {r.p50:.2f} | {r.p99:.2f} | {ttft} "
-              f"| {seen} | {cores} | {cpu} |{sched} {err} |")
-        labelled.append((label, r.extra))
-    if profiled:
-        print("\nCPU by process group over each point (cores; run-queue wait in ms per second of wall, summed "
-              "over threads; wait ÷ CPU: the scheduler's wait per second it ran):")
-        print("\n".join(cpu_groups.group_table("target | stream | prompts | conc", labelled)))
-
+    dicts = [row.__dict__ for row in rows]
+    print("\n".join(report_table(dicts)))
+    summary = rounds_table(dicts)
+    if summary:
+        print("\nInterleaved rounds: each ratio against the same round's ceiling; median (min..max) over rounds:")
+        print("\n".join(summary))
 
 if __name__ == "__main__":
     main()

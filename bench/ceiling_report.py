@@ -35,12 +35,54 @@ def load(paths: list[str]) -> list[dict]:
 
 
 def name_of(row: dict) -> str:
-    workers = row["workers"]
-    return NAMES.get(row["target"]) or f"proxy, {workers} worker{'s' if workers != 1 else ''}"
+    workers, flags = row["workers"], row.get("flags")
+    name = NAMES.get(row["target"]) or f"proxy, {workers} worker{'s' if workers != 1 else ''}"
+    return f"{name}, {flags}" if flags else name
 
 
 def key_of(row: dict) -> tuple:
-    return row["run"], row["stream"], row["repeats"], row["concurrency"]
+    """Rows compared with each other: the same run and point, and the same round of an interleaved run."""
+    return row.get("run", 0), row["stream"], row["repeats"], row["concurrency"], row.get("round")
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def rounds_table(rows: list[dict]) -> list[str]:
+    """Interleaved runs (bench_ceiling --interleave R): every target once per round, each round's ratios
+    against that round's ceiling, and their median (min..max) over the rounds. Empty without rounds."""
+    rows = [r for r in rows if r.get("round") is not None]
+    if not rows:
+        return []
+    ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for r in rows:
+        ceil = ceiling.get(key_of(r))
+        if ceil is not None:
+            groups.setdefault((r["stream"], r["repeats"], r["concurrency"], name_of(r)), []).append((r, ceil))
+    header = ("| stream | prompts | conc | target | rounds | ÷ ceiling, median (min..max) | req/s median "
+              "| TTFT p50 ms median | TTFT − ceiling's, median (min..max) | proxy CPU ms/req median | errors |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    order = {"generate": 0, "chat": 1, "proxy": 2}
+    for key in sorted(groups, key=lambda k: (not k[0], k[1], k[2], order[groups[k][0][0]["target"]], k[3])):
+        pairs = groups[key]
+        r0 = pairs[0][0]
+        ratios = [r["rps"] / c["rps"] for r, c in pairs if c["rps"]]
+        ttft = [r["ttft50"] for r, _ in pairs]
+        late = [r["ttft50"] - c["ttft50"] for r, c in pairs]
+        cpu = [r["cpu_ms"] for r, _ in pairs if r["cpu_ms"] is not None]
+        ratio = "-" if r0["target"] == "generate" else \
+            f"{median(ratios):.2f} ({min(ratios):.2f}..{max(ratios):.2f})"
+        delay = "-" if r0["target"] == "generate" or not r0["stream"] else \
+            f"{median(late):+.0f} ({min(late):+.0f}..{max(late):+.0f})"
+        lines.append(f"| {'yes' if key[0] else 'no'} | {'GRPO x8' if key[1] else 'distinct'} | {key[2]} | {key[3]} "
+                     f"| {len(pairs)} | {ratio} | {median([r['rps'] for r, _ in pairs]):.1f} "
+                     f"| {fmt(median(ttft), 0) if r0['stream'] else '-'} | {delay} "
+                     f"| {fmt(median(cpu), 2) if cpu else '-'} | {sum(r['errors'] for r, _ in pairs)} |")
+    return lines
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -57,14 +99,16 @@ def table(rows: list[dict]) -> list[str]:
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     labelled = []
     order = {"generate": 0, "chat": 1, "proxy": 2}
-    for r in sorted(rows, key=lambda r: (not r["stream"], r["repeats"], r["concurrency"], order[r["target"]],
-                                         r["workers"] or 0, r["run"])):
+    for r in sorted(rows, key=lambda r: (not r["stream"], r["repeats"], r["concurrency"], r.get("round") or 0,
+                                         order[r["target"]], r["workers"] or 0, r.get("flags") or "",
+                                         r.get("run", 0))):
         ceil, ref = ceiling.get(key_of(r)), chat.get(key_of(r))
         ratio = f"{r['rps'] / ceil['rps']:.2f}" if ceil and r["target"] != "generate" else "-"
         vs_chat = f"{r['rps'] / ref['rps']:.2f}" if ref and r["target"] == "proxy" else "-"
         extra = r.get("extra", {})
+        turn = f" (round {r['round']})" if r.get("round") is not None else ""
         label = (f"{'yes' if r['stream'] else 'no'} | {'GRPO x8' if r['repeats'] else 'distinct'} | {r['concurrency']} "
-                 f"| {name_of(r)}")
+                 f"| {name_of(r)}{turn}")
         sched = f" {cpu_groups.sched_cells(extra)} |" if profiled else ""
         lines.append(
             f"| {label} | {r['n']} | {r['rps']:.1f} | {ratio} | {vs_chat} | {fmt(r['p50'], 0)} "
@@ -117,6 +161,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = load(args.files)
     print("\n".join(table(rows)))
+    summary = rounds_table(rows)
+    if summary:
+        print("\nInterleaved rounds: each ratio against the same round's ceiling; median (min..max) over rounds:")
+        print("\n".join(summary))
     if args.plot:
         plot(rows, args.plot)
 

@@ -202,6 +202,23 @@ async def test_coalescing_rests_the_connection_after_each_relayed_read_never_bef
     assert transport.paused is True  # ended while resting: not read again
 
 
+async def test_no_coalescing_rest_once_every_output_has_finished():
+    stream, transport = relay_stream(coalesce_s=5.0)
+    stream.data_received(HEAD_CHUNKED + sse_chunk(0))
+    await stream.first()
+
+    def sink(events):
+        stream.ending()  # what the pipeline says when the last choice's finish event has been relayed
+        return False
+
+    task = asyncio.ensure_future(stream.relay(sink, Down()))
+    await asyncio.sleep(0)
+    stream.data_received(sse_chunk(1))
+    assert not transport.paused  # SGLang's [DONE] and the body's end are read at once, not 5 s later
+    stream.data_received(b"0\r\n\r\n")
+    await asyncio.wait_for(task, 1)
+
+
 async def test_a_drained_client_does_not_end_the_coalescing_rest_early():
     stream, transport = relay_stream(coalesce_s=0.05)
     stream.data_received(HEAD_CHUNKED + sse_chunk(0))

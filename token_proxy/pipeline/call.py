@@ -76,6 +76,8 @@ async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyC
         data = frames.frames(events)
         if data:
             out.write(data)
+        if rules.done:
+            stream.ending()  # no coalescing pause before SGLang's end: the client's [DONE] waits on it
         return rules.cut_short and rules.done
 
     await stream.relay(sink, out)

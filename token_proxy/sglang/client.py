@@ -245,6 +245,9 @@ class GeneratorStream:
             if downstream.blocked():
                 await downstream.drained()
 
+    def ending(self) -> None:
+        """RelayStream's: nothing to do here (aiohttp reads as data comes)."""
+
     async def aclose(self) -> None:
         await self._batches.aclose()
 

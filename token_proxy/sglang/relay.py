@@ -121,6 +121,11 @@ class RelayStream(asyncio.Protocol):
                 continue
             await self._wait()
 
+    def ending(self) -> None:
+        """Every output has finished: what is left (SGLang's [DONE] and end of body) is read at once,
+        not after a coalescing pause."""
+        self._coalesce_s = 0.0
+
     async def aclose(self) -> None:
         self._deadline.cancel()
         if self.transport is None or self._lost:
