@@ -149,9 +149,9 @@ async def _one(session, url: str, body: bytes, stream: bool) -> tuple[float, flo
     return total, ttft if ttft is not None else total, tokens
 
 
-async def _client(url, bodies, stream, concurrency, counter, n, ready, go, max_tokens, warmup) -> dict:
+async def _client(url, bodies, stream, concurrency, counter, n, ready, go, max_tokens, warmup, fresh) -> dict:
     lat, ttfts, errors, short = [], [], 0, 0
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=fresh),
                                      timeout=aiohttp.ClientTimeout(total=1800)) as session:
         for body in warmup:  # connections and code paths; prompts of their own, never timed
             with contextlib.suppress(Exception):
@@ -244,7 +244,8 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     ready, go = ctx.Barrier(procs_n + 1, timeout=900), ctx.Barrier(procs_n + 1, timeout=900)
     out = ctx.Queue()
     procs = [ctx.Process(target=_client_main, daemon=True, args=(
-        (url, bodies, row.stream, share, counter, row.n, ready, go, max_tokens, warmup[p::procs_n][:2] or warmup[:1]),
+        (url, bodies, row.stream, share, counter, row.n, ready, go, max_tokens, warmup[p::procs_n][:2] or warmup[:1],
+         row.target == "generate_fresh"),
         out, cpu_groups.pins_for(host.pins, "clients"))) for p, share in enumerate(shares)]
     for proc in procs:
         proc.start()
@@ -396,7 +397,10 @@ def main() -> None:
     where.add_argument("--sglang", help="a live SGLang server's URL")
     where.add_argument("--simulator", action="store_true", help="start the built-in simulator (a dry run)")
     parser.add_argument("--targets", nargs="+", default=["generate", "chat", "proxy"],
-                        choices=["generate", "chat", "proxy"])
+                        choices=["generate", "generate_fresh", "chat", "proxy"],
+                        help="generate_fresh (with --interleave): the ceiling's requests, each on a new "
+                        "connection that SGLang closes after it (Connection: close), as the proxy's stream relay "
+                        "sends them")
     parser.add_argument("--proxy-workers", type=int, nargs="+", default=[1])
     parser.add_argument("--proxy-config", action="append", default=[], metavar="WORKERS[:FLAGS]",
                         help="a proxy to measure, instead of --proxy-workers (repeatable): its worker count and "
@@ -507,13 +511,13 @@ def run_interleaved(args, backend: str, configs: list[tuple[int, str]], host: Ho
         args.prompt_tokens = len(warm_ids[0])
         for stream, repeats, conc, n in points(args):
             for rnd in range(args.interleave):
-                turns = [t for t in ("generate", "chat") if t in args.targets]
+                turns = [t for t in ("generate", "generate_fresh", "chat") if t in args.targets]
                 turns += [p for p in proxies if "proxy" in args.targets]
                 for turn in (turns if rnd % 2 == 0 else turns[::-1]):
                     plan = prompt_plan(n, repeats, args.facts)
-                    if turn == "generate":
+                    if turn in ("generate", "generate_fresh"):
                         ids = asyncio.run(tokenize_all(first_url, plan))
-                        row, url, proxy_pid = Row("generate", None, stream, repeats, conc, n), backend + "/generate", None
+                        row, url, proxy_pid = Row(turn, None, stream, repeats, conc, n), backend + "/generate", None
                         bodies = [generate_body(x, stream, args.max_tokens) for x in ids]
                         warmup = [generate_body(x, stream, args.max_tokens) for x in warm_ids]
                     elif turn == "chat":

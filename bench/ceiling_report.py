@@ -23,7 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_groups
 
-NAMES = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions"}
+NAMES = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions",
+         "generate_fresh": "SGLang /generate (pre-tokenized), a connection per request"}
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -66,7 +67,7 @@ def rounds_table(rows: list[dict]) -> list[str]:
     header = ("| stream | prompts | conc | target | rounds | ÷ ceiling, median (min..max) | req/s median "
               "| TTFT p50 ms median | TTFT − ceiling's, median (min..max) | proxy CPU ms/req median | errors |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    order = {"generate": 0, "chat": 1, "proxy": 2}
+    order = {"generate": 0, "generate_fresh": 1, "chat": 2, "proxy": 3}
     for key in sorted(groups, key=lambda k: (not k[0], k[1], k[2], order[groups[k][0][0]["target"]], k[3])):
         pairs = groups[key]
         r0 = pairs[0][0]
@@ -98,7 +99,7 @@ def table(rows: list[dict]) -> list[str]:
               f"| SGLang's TTFT mean ms | proxy CPU ms/req |{sched} errors |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     labelled = []
-    order = {"generate": 0, "chat": 1, "proxy": 2}
+    order = {"generate": 0, "generate_fresh": 1, "chat": 2, "proxy": 3}
     for r in sorted(rows, key=lambda r: (not r["stream"], r["repeats"], r["concurrency"], r.get("round") or 0,
                                          order[r["target"]], r["workers"] or 0, r.get("flags") or "",
                                          r.get("run", 0))):

@@ -215,7 +215,12 @@ class PointMeter:
         self._samples.append(procs_running() - 1)  # a point shorter than the interval has two samples
         out = {}
         for group, before in self._before.items():
-            out.update(group_extra(group, stats_delta(before, thread_stats(self.groups[group])), wall))
+            after = thread_stats(self.groups[group])
+            out.update(group_extra(group, stats_delta(before, after), wall))
+            # The busiest thread: near 1.0, a Python event loop (SGLang's HTTP/tokenizer manager, a proxy
+            # worker) is saturated even where the group's total looks small.
+            out[f"hot_{group}"] = max(((c - before.get(tid, (0, 0, 0))[0]) / 1e9 / wall
+                                       for tid, (c, _w, _s) in after.items()), default=0.0)
         self._done.set()
         self._thread.join()
         if self._samples:
@@ -343,7 +348,8 @@ def sched_cells(extra: dict) -> str:
 def group_table(label_header: str, rows: list[tuple[str, dict]]) -> list[str]:
     """Every group's cores and run-queue wait (ms per s of wall), per row, with the host's load."""
     header = (f"| {label_header} | SGLang sched cores | sched wait ms/s | sched wait ÷ CPU | SGLang other cores "
-              "| other wait ms/s | proxy cores | proxy wait ms/s | clients cores | clients wait ms/s "
+              "| other wait ms/s | other busiest thread | proxy cores | proxy wait ms/s | proxy busiest thread "
+              "| clients cores | clients wait ms/s "
               "| procs running | load 1m | CPU pressure % |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for label, x in rows:
@@ -351,6 +357,8 @@ def group_table(label_header: str, rows: list[tuple[str, dict]]) -> list[str]:
                  fmt(x.get("wait_sglang_sched_frac"))]
         for group in GROUPS[1:]:
             cells += [fmt(x.get(f"cpu_{group}")), fmt(x.get(f"wait_{group}_ms_per_s"), 0)]
+            if group != "clients":
+                cells.append(fmt(x.get(f"hot_{group}")))
         cells += [fmt(x.get("procs_running_mean"), 1), fmt(x.get("loadavg_1m"), 1),
                   fmt(x.get("cpu_pressure_some_pct"), 0)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
