@@ -12,7 +12,10 @@ each round drives every proxy in turn with the same requests and reads the proxy
 - `whole hit`: the same prompt every time (the render cache);
 - `pipe stream 128` (once, not per build): SGLang's own 128-event /generate stream through a raw TCP pipe
   (bench/tcp_pipe.py): the kernel's and uvloop's share of a relayed event, with no proxy work;
-- `c=1 hit added`: median latency over the simulator's /generate (interleaved pairs), non-streamed, 1 token.
+- `c=1 hit added`: median latency over the simulator's /generate (interleaved pairs), non-streamed, 1 token;
+- `c=1 hit added vs ids`: the same over the simulator's /generate given the hit's own prompt ids (what the proxy
+  sends it; the GPU host's comparison, against pre-tokenized /generate). The simulator takes ~0.7 ms longer for
+  ~1,100 ids than for "hello", so `c=1 hit added` counts that simulator time as the proxy's.
 
     python bench/bench_app_cpu.py --code /work/main --code . [--rounds 5] [--requests 200] [--concurrency 8]
     # the same checkout with extra token-proxy flags (a build is "DIR FLAG..."):
@@ -34,7 +37,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import chat_prompt, free_port, start
+from bench_proxy import chat_prompt, free_port, prompt_ids, start
 from cpu_groups import cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -89,7 +92,7 @@ async def pipe_cpu(session, pipe, pid, n, concurrency) -> float:
     return (cpu_s(pid) - cpu0) * 1000 / n
 
 
-async def run(args, sim, proxies, pipe) -> dict:
+async def run(args, sim, proxies, pipe, hit_ids: list[int]) -> dict:
     results: dict = {}
     salt = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -98,6 +101,9 @@ async def run(args, sim, proxies, pipe) -> dict:
             await drive(session, url + "/v1/chat/completions", [chat_body(128, True, None)] * 20, 4)
         hit = chat_body(1, False, None)
         generate = orjson.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 1}})
+        # What the proxy sends for `hit` (its sampling params as sglang/payload.py writes them).
+        generate_ids = orjson.dumps({"input_ids": hit_ids, "stream": False, "sampling_params": {
+            "max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}})
         for rnd in range(args.rounds):
             if pipe is not None:
                 results.setdefault("tcp pipe (floor)", {}).setdefault("stream 128", []).append(
@@ -118,12 +124,15 @@ async def run(args, sim, proxies, pipe) -> dict:
                     bodies.append(chat_body(1, False, salt))
                 row.setdefault("whole miss", []).append(await point(session, url, pid, bodies, args.concurrency))
                 row.setdefault("whole hit", []).append(await point(session, url, pid, [hit] * n, args.concurrency))
-                added = []
+                added, added_ids = [], []
                 for _ in range(args.pairs):
                     a = await one(session, url + "/v1/chat/completions", hit)
                     b = await one(session, sim + "/generate", generate)
+                    c = await one(session, sim + "/generate", generate_ids)
                     added.append((a - b) * 1000)
+                    added_ids.append((a - c) * 1000)
                 row.setdefault("c=1 hit added", []).append(statistics.median(added))
+                row.setdefault("c=1 hit added vs ids", []).append(statistics.median(added_ids))
     return results
 
 
@@ -159,14 +168,15 @@ def main() -> None:
                                       "--backend-port", str(sim_port)])
         procs.append(pipe_proc)
         time.sleep(1.0)
-        results = asyncio.run(run(args, sim, proxies, (f"http://127.0.0.1:{port}", pipe_proc.pid)))
+        results = asyncio.run(run(args, sim, proxies, (f"http://127.0.0.1:{port}", pipe_proc.pid),
+                                  prompt_ids(tok_dir)))
     finally:
         for proc in procs:
             proc.terminate()
     print(f"{args.rounds} interleaved rounds x {args.requests} requests at c={args.concurrency}, "
           f"simulator tpot {args.tpot_ms} ms; "
           f"median (min..max) of the rounds; proxy process on-CPU time from /proc/PID/task/*/schedstat")
-    keys = ["stream 128", "stream 1", "whole miss", "whole hit", "c=1 hit added"]
+    keys = ["stream 128", "stream 1", "whole miss", "whole hit", "c=1 hit added", "c=1 hit added vs ids"]
     print("| build | " + " | ".join(f"{k} ms" for k in keys) + " | us per event |")
     print("|---|" + "---|" * (len(keys) + 1))
     for code, row in results.items():

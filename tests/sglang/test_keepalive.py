@@ -224,3 +224,28 @@ def test_backend_keepalive_is_checked_at_start_up(value):
 
 def test_backend_keepalive_default_is_under_sglangs_five_seconds():
     assert Settings().backend_keepalive_s == 4.0
+
+
+# --- both hops of a request go out unbuffered -------------------------------------------------------
+
+def _nodelay(transport) -> int:
+    import socket
+
+    return transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+async def test_both_connections_of_a_request_send_without_nagle(proxy):
+    """A request's small writes (SGLang's answer, the client's reply) must not wait for an ACK: Nagle
+    plus delayed ACK would add up to 40 ms on loopback. aiohttp sets TCP_NODELAY on both sides today;
+    this pins it on the client's connection to the proxy and the pooled one to SGLang."""
+    from token_proxy.state import CONTEXT
+
+    async with proxy.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                         "max_tokens": 1}) as resp:
+        assert resp.status == 200
+        await resp.read()
+    served = [handler.transport for handler in proxy.server.runner.server.connections]
+    pooled = [proto.transport for conns in proxy.app[CONTEXT].client._session.connector._conns.values()
+              for proto, _ in conns]
+    assert len(served) == 1 and len(pooled) >= 1  # start-up's discovery calls may hold a second one
+    assert [_nodelay(t) for t in served + pooled] == [1] * (1 + len(pooled))
