@@ -43,6 +43,11 @@ from cpu_groups import cpu_s
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def first_on_path(code: str) -> str:
+    """PYTHONPATH with `code` first (what else is on it stays: a GPU host's unpacked packages)."""
+    return os.pathsep.join(filter(None, [os.path.abspath(code), os.environ.get("PYTHONPATH")]))
+
+
 def builtin_tokenizer() -> str:
     from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
 
@@ -164,7 +169,7 @@ def main() -> None:
         for code in args.code:
             port = free_port()
             where, *flags = shlex.split(code)
-            cmd = ["env", f"PYTHONPATH={os.path.abspath(where)}", sys.executable, "-m", "token_proxy", "--backend", sim,
+            cmd = ["env", f"PYTHONPATH={first_on_path(where)}", sys.executable, "-m", "token_proxy", "--backend", sim,
                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags]
             proc = start(cmd, f"http://127.0.0.1:{port}")
             procs.append(proc)

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_app_cpu import builtin_tokenizer, chat_body, cpu_s
+from bench_app_cpu import builtin_tokenizer, chat_body, cpu_s, first_on_path
 from bench_proxy import free_port, prompt_ids, start
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -98,7 +98,7 @@ def main() -> None:
         for code in args.code:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            proc = start(["env", f"PYTHONPATH={os.path.abspath(code)}", sys.executable, "-m", "token_proxy",
+            proc = start(["env", f"PYTHONPATH={first_on_path(code)}", sys.executable, "-m", "token_proxy",
                           "--backend", sim, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"], url)
             procs.append(proc)
             targets[f"proxy {code}"] = (url + "/v1/chat/completions", proc.pid)
