@@ -155,10 +155,52 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+SHORT = {NAMES["generate"]: "ceiling", NAMES["generate_fresh"]: "ceiling,\nconn/req", NAMES["chat"]: "SGLang\nchat"}
+
+
+def plot_rounds(rows: list[dict], path: str) -> None:
+    """Interleaved runs as bars: per point (stream, prompts, concurrency), each target's ÷ ceiling
+    (median over rounds, min..max as the error bar) and its TTFT p50 (or latency p50, not streamed)."""
+    import matplotlib as mpl
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("round") is not None]
+    ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
+    points = sorted({(r["stream"], r["repeats"], r["concurrency"]) for r in rows}, key=lambda p: (not p[0], p[1], p[2]))
+    fig, axes = plt.subplots(2, len(points), figsize=(3.4 * len(points), 6), squeeze=False)
+    for col, point in enumerate(points):
+        chosen = [r for r in rows if (r["stream"], r["repeats"], r["concurrency"]) == point]
+        names = sorted({name_of(r) for r in chosen}, key=lambda n: (not n.startswith("SGLang"), n))
+        ratios, spans, times = [], [], []
+        for name in names:
+            mine = [r for r in chosen if name_of(r) == name and ceiling.get(key_of(r))]
+            values = [r["rps"] / ceiling[key_of(r)]["rps"] for r in mine]
+            ratios.append(median(values))
+            spans.append((median(values) - min(values), max(values) - median(values)))
+            times.append(median([r["ttft50"] if point[0] else r["p50"] for r in mine]))
+        labels = [SHORT.get(n) or n.replace("proxy, ", "x").replace(" workers", "").replace(" worker", "")
+                  .replace(", --stream-coalesce-ms ", "\nco") for n in names]
+        axes[0][col].bar(labels, ratios, yerr=list(zip(*spans)), capsize=3)
+        axes[0][col].axhline(1.0, color="grey", lw=0.8)
+        axes[1][col].bar(labels, times)
+        kind = "stream" if point[0] else "not streamed"
+        axes[0][col].set_title(f"{kind}, {'GRPO x8' if point[1] else 'distinct'}, c={point[2]}: ÷ ceiling", fontsize=9)
+        axes[1][col].set_title("TTFT p50 ms" if point[0] else "latency p50 ms", fontsize=9)
+        for ax in (axes[0][col], axes[1][col]):
+            ax.tick_params(axis="x", labelsize=7)
+            ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", help="bench_ceiling.py --json-out files")
     parser.add_argument("--plot", help="also write this PNG (needs matplotlib)")
+    parser.add_argument("--plot-rounds", help="interleaved runs: bars of each target's ÷ ceiling (median, min..max) "
+                        "and TTFT per point, to this PNG (needs matplotlib)")
     args = parser.parse_args()
     rows = load(args.files)
     print("\n".join(table(rows)))
@@ -168,6 +210,8 @@ def main() -> None:
         print("\n".join(summary))
     if args.plot:
         plot(rows, args.plot)
+    if args.plot_rounds:
+        plot_rounds(rows, args.plot_rounds)
 
 
 if __name__ == "__main__":

@@ -4,25 +4,19 @@ listen on (stand-ins named as SGLang 0.5.17 names its own), and pinning a live p
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "bench" / "cpu_groups.py").is_file())
+from tests.support.bench_modules import load_bench_module
 
 
 @pytest.fixture(scope="module")
 def cg():
-    spec = importlib.util.spec_from_file_location("cpu_groups", ROOT / "bench" / "cpu_groups.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cpu_groups"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("cpu_groups")
 
 
 def test_schedstat_fields(cg):

@@ -4,25 +4,19 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "bench" / "chaos.py").is_file())
+from tests.support.bench_modules import BENCH, load_bench_module
 
 
 @pytest.fixture(scope="module")
 def chaos():
-    spec = importlib.util.spec_from_file_location("chaos", ROOT / "bench" / "chaos.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["chaos"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_module("chaos")
 
 
 def _error(message: str, code: int) -> bytes:
@@ -83,8 +77,8 @@ def test_ledger_counts_and_table(chaos):
 
 def test_quick_run_loses_nothing(tmp_path):
     out = tmp_path / "quick.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick", "--json-out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run([sys.executable, str(BENCH / "chaos.py"), "--quick", "--json-out", str(out)],
+                          cwd=BENCH.parent, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     faults = {row["fault"]: row for row in json.loads(out.read_text())["faults"]}
     assert list(faults) == ["keepalive_pool_30s", "sglang_kill", "weights_primerl", "client_disconnect"]
