@@ -260,8 +260,10 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     cpu0 = tree_cpu_s(proxy_pid) if proxy_pid else None
     seen0 = sglang_ttft(flush_url)
     meter.start()
+    row.extra["wall_from"] = time.time()  # access lines (--access-log) are matched to points by time
     go.wait()
     parts = [out.get() for _ in procs]
+    row.extra["wall_to"] = time.time()
     row.extra.update(meter.stop())
     cpu1 = tree_cpu_s(proxy_pid) if proxy_pid else None
     seen1 = sglang_ttft(flush_url)
@@ -424,6 +426,9 @@ def main() -> None:
     parser.add_argument("--json-out", help="also write the rows here")
     parser.add_argument("--profile", metavar="DIR", help="py-spy the proxy (speedscope files) and keep its access "
                         "lines (per-stage times) in DIR; its CPU column then includes py-spy's")
+    parser.add_argument("--access-log", metavar="DIR", help="with --interleave: run the proxies at --log-level info and "
+                        "keep their logs (one JSON access line per request, with its stage times) in DIR; "
+                        "bench/access_stages.py reads them against the rows")
     parser.add_argument("--pin", action="append", default=[], metavar="GROUP=CPULIST",
                         help="run a group on these CPUs (repeatable; groups: sglang, sglang_sched, sglang_other, "
                         "proxy, clients), e.g. --pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15")
@@ -500,8 +505,9 @@ def run_interleaved(args, backend: str, configs: list[tuple[int, str]], host: Ho
     flush = backend + "/flush_cache"
     proxies = []
     try:
+        logged = ["--log-level", "info"] if args.access_log else []
         for workers, flags in configs:
-            proc, url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags)], args.profile)
+            proc, url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags), *logged], args.profile)
             proxies.append((workers, flags, proc, url))
             cpu_groups.pin_groups(host.pins, host.groups(proc.pid))
         first_url = proxies[0][3]  # renders and tokenizes the ceiling's prompts (measured or not)
@@ -537,9 +543,18 @@ def run_interleaved(args, backend: str, configs: list[tuple[int, str]], host: Ho
                                           host))
                     saved(args, rows)
     finally:
-        for *_, proc, _url in proxies:
+        for workers, flags, proc, _url in proxies:
             stop(proc, args.profile)
+            if args.access_log:
+                os.makedirs(args.access_log, exist_ok=True)
+                shutil.copy(proc.log_path, os.path.join(args.access_log, access_log_name(workers, flags)))
     return rows
+
+
+def access_log_name(workers: int, flags: str) -> str:
+    """The kept log of one proxy (--access-log): named by its worker count and flags."""
+    slug = "".join(c if c.isalnum() else "-" for c in flags).strip("-")
+    return f"proxy-x{workers}{'-' + slug if slug else ''}.log"
 
 
 def run_all(args, backend: str, configs: list[tuple[int, str]], host: Host) -> list[Row]:
