@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import sys
 
@@ -25,7 +26,7 @@ from ceiling_report import fmt, name_of
 
 def access_lines(path: str) -> list[dict]:
     lines = []
-    with open(path) as f:
+    with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
         for line in f:
             if line.startswith("{") and '"endpoint"' in line:
                 entry = json.loads(line)
@@ -55,6 +56,7 @@ def stages(rows: list[dict], log_dir: str) -> list[str]:
         name = access_log_name(row["workers"], row.get("flags") or "")
         if name not in logs:
             path = os.path.join(log_dir, name)
+            path = path if os.path.exists(path) else path + ".xz"  # kept compressed in the repository
             logs[name] = access_lines(path) if os.path.exists(path) else []
         t0, t1 = row["extra"]["wall_from"], row["extra"]["wall_to"]
         mine = [e for e in logs[name] if t0 <= e["ts"] <= t1 + 1.0 and e.get("stream") == row["stream"]]
