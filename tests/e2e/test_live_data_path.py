@@ -67,6 +67,28 @@ async def test_streaming_concatenation_equals_non_streaming(proxy, extra):
             assert len([e for c in content for e in c["logprobs"]["content"]]) == len(ids)
 
 
+@pytest.mark.parametrize("extra", [{}, {"n": 2, "logprobs": True, "top_logprobs": 1}])
+async def test_coalesced_streams_send_the_same_chunks(proxy, live_proxy, extra):
+    """--stream-coalesce-ms holds SGLang's reads, never its events: every choice gets the same chunks."""
+    coalesced = await live_proxy(stream_coalesce_ms=50)
+    body = {"messages": USER, "max_tokens": 48, "temperature": 0, "return_token_ids": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}, **extra}
+
+    def per_choice(chunks) -> dict:
+        # usage's cached_tokens differ: the second request finds the first's prefix in SGLang's cache
+        out: dict = {"usage": [{k: v for k, v in c["usage"].items() if k != "prompt_tokens_details"}
+                               for c in chunks if c.get("usage")]}
+        for c in chunks:
+            for choice in c["choices"]:
+                out.setdefault(choice["index"], []).append(choice)
+        return out
+
+    plain = per_choice(await sse(proxy, "/v1/chat/completions", body))
+    held = per_choice(await sse(coalesced, "/v1/chat/completions", body))
+    assert len(plain[0]) == 48 + 1  # the role chunk, then one chunk per token
+    assert held == plain
+
+
 async def test_seed_follows_sglangs_deterministic_mode(proxy, sglang):
     """SGLang honours sampling_seed only with --enable-deterministic-inference; the proxy sends a seed it
     would ignore and says so (X-Seed-Honoured: false), and under that mode seeded samples repeat."""
