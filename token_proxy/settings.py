@@ -129,6 +129,9 @@ class Settings:
             raise ValueError("context_length must be >= 1")
         if not 0 <= self.stream_coalesce_ms <= 1000:
             raise ValueError(f"--stream-coalesce-ms must be in 0..1000 milliseconds, got {self.stream_coalesce_ms:g}")
+        if self.stream_idle_timeout_s and self.stream_coalesce_ms / 1000 >= self.stream_idle_timeout_s:
+            raise ValueError(f"--stream-coalesce-ms {self.stream_coalesce_ms:g} must stay under --stream-idle-timeout "
+                             f"({self.stream_idle_timeout_s:g} s): a held read would count as SGLang's silence")
         if self.backend_wait_s < 0:
             raise ValueError(f"--backend-wait must be >= 0 seconds, got {self.backend_wait_s:g}")
         if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:

@@ -290,3 +290,20 @@ def test_stream_coalesce_is_checked_at_start_up(value):
 
     with pytest.raises(ValueError, match=r"--stream-coalesce-ms must be in 0\.\.1000 milliseconds"):
         Settings(stream_coalesce_ms=value)
+    with pytest.raises(ValueError, match=r"--stream-coalesce-ms 500 must stay under --stream-idle-timeout \(0\.5 s\)"):
+        Settings(stream_coalesce_ms=500, stream_idle_timeout_s=0.5)
+    assert Settings(stream_coalesce_ms=500, stream_idle_timeout_s=0).stream_coalesce_ms == 500  # idle limit off
+
+
+async def test_a_stream_closed_while_resting_is_not_read_again():
+    stream, transport = relay_stream(coalesce_s=0.03)
+    stream.data_received(HEAD_CHUNKED + sse_chunk(0))
+    await stream.first()
+    task = asyncio.ensure_future(stream.relay(lambda events: False, Down()))
+    await asyncio.sleep(0)
+    stream.data_received(sse_chunk(1))
+    assert transport.paused
+    task.cancel()  # the client left
+    await stream.aclose()
+    await asyncio.sleep(0.05)
+    assert transport.paused and transport.closed  # the pause's timer was cancelled with the stream

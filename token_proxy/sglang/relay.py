@@ -80,7 +80,7 @@ class RelayStream(asyncio.Protocol):
         self._ended = False
         self._lost = False
         self._paused = False  # the client's backpressure holds SGLang's reads
-        self._resting = False  # the coalescing pause holds them
+        self._resting: asyncio.TimerHandle | None = None  # the coalescing pause holds them (its timer)
         self._coalesce_s = coalesce_s
         self._idle_s = idle_s
         self._deadline = Deadline(loop, None, None, self._fail)  # no limits until start_timers
@@ -115,7 +115,7 @@ class RelayStream(asyncio.Protocol):
             if self._paused:
                 await downstream.drained()
                 self._paused = False
-                if self.transport is not None and not self._lost and not self._resting:
+                if self.transport is not None and not self._lost and self._resting is None:
                     self.transport.resume_reading()
                 self._deadline.touch()
                 continue
@@ -128,6 +128,8 @@ class RelayStream(asyncio.Protocol):
 
     async def aclose(self) -> None:
         self._deadline.cancel()
+        if self._resting is not None:  # a stream closed mid-pause is not read again
+            self._resting.cancel()
         if self.transport is None or self._lost:
             return
         if self._ended and self._error is None:
@@ -314,10 +316,9 @@ class RelayStream(asyncio.Protocol):
         if sink(events):
             self._end()
             return
-        if self._coalesce_s and not self._resting and not self._paused and not self._lost:
-            self._resting = True
+        if self._coalesce_s and self._resting is None and not self._paused and not self._lost:
             self.transport.pause_reading()
-            self._loop.call_later(self._coalesce_s, self._rested)
+            self._resting = self._loop.call_later(self._coalesce_s, self._rested)
         if not self._paused and self._downstream.blocked():
             self._paused = True
             self._deadline.pause()  # a slow client is not SGLang's gap
@@ -326,7 +327,7 @@ class RelayStream(asyncio.Protocol):
             self._wake()
 
     def _rested(self) -> None:
-        self._resting = False
+        self._resting = None
         if not self._paused and not self._lost and not self._ended and self._error is None:
             self._deadline.touch()  # the pause was the proxy's, not SGLang's silence
             self.transport.resume_reading()
