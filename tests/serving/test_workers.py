@@ -162,6 +162,7 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
                                    json={"prompt": "hello", "max_tokens": 2, "ignore_eos": True})
         assert status == 200, reply
         ids.append(reply["id"])
+        model = reply["model"]
     assert proxy.workers_of(ids) == {0, 1}
     await asyncio.sleep(1.0)  # one backend scrape (0.5 s) for the vllm: view
     for _ in range(6):  # whichever worker answers: one total, every family once
@@ -177,6 +178,10 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
         (length,) = [v for k, v in samples.items()
                      if k.startswith("vllm:request_success_total{") and 'finished_reason="length"' in k]
         assert float(length) == SPREAD
+        # every finish reason at 0 from start-up, under the served model's name, in each worker
+        for reason in ("stop", "abort", "error", "repetition"):
+            key = f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="{model}"}}'
+            assert float(samples[key]) == 0.0, key
         names = [line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"]
         for once in ("vllm:num_requests_running", "vllm:num_requests_waiting", "process_cpu_seconds_total",
                      "token_proxy_backend_metrics_up"):
