@@ -1,8 +1,9 @@
 """The proxy's one route table: per route its path, methods, handler, class and flags, data plane and
 admin plane (every dialect) alike. add_routes registers the rows and puts the table on the app
 (http_io.ROUTE_TABLE), where the middleware reads a route's flags: auth and admission its class,
-the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows, openapi
-`in_openapi`; a --workers process forwards the `worker=OWNER` rows to the admin owner.
+the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows;
+`in_openapi` rows are the paths ops/openapi.py describes (tests/serving/test_route_table.py checks
+the two agree); a --workers process forwards the `worker=OWNER` rows to the admin owner.
 
 Classes: inference (generates tokens: the API key, and an admission slot), tokenizer (data-plane
 reads: the API key), admin (control plane: the admin key), ops (public probes and metrics).
@@ -80,7 +81,7 @@ class Route:
     sets_version: bool = False  # SGLang may serve another weight version after it: the gauge is re-read
     dialect: str | None = None
     worker: str = LOCAL
-    in_openapi: bool = False  # GET /openapi.json describes it
+    in_openapi: bool = False  # GET /openapi.json describes it (a test holds ops/openapi.py to these rows)
 
     @property
     def served(self) -> bool:
