@@ -185,9 +185,10 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
     return refuse
 
 
-def add_rows(app: web.Application, rows) -> None:
+def add_rows(app: web.Application, rows, handler: Handler | None = None) -> None:
     """Register the served rows and list every row in the app's table (http_io.ROUTE_TABLE). A LOCAL
-    row answers a wrong method with 405 and Allow; an OWNER row leaves it to the pass-through."""
+    row answers a wrong method with 405 and Allow; an OWNER row leaves it to the pass-through.
+    `handler`: answers every served row in place of its own (a --workers process forwards the OWNER rows)."""
     table = app.get(ROUTE_TABLE)
     if table is None:
         table = app[ROUTE_TABLE] = {}
@@ -195,11 +196,12 @@ def add_rows(app: web.Application, rows) -> None:
         table[route.path] = route
         if route.handler is None:
             continue
+        answer = handler or route.handler
         for method in route.methods:
-            app.router.add_route(method, route.path, route.handler)
+            app.router.add_route(method, route.path, answer)
         if route.worker == LOCAL:
             if "GET" in route.methods:
-                app.router.add_route("HEAD", route.path, route.handler)
+                app.router.add_route("HEAD", route.path, answer)
             allowed = route.methods + (("HEAD",) if "GET" in route.methods else ())
             app.router.add_route("*", route.path, method_not_allowed(allowed))
 
