@@ -20,10 +20,12 @@ import aiohttp
 import pytest
 
 from tests.support.admin_fixtures import free_port
+from tests.support.bench_modules import load_bench_module
 from tests.support.lora_fixtures import write_adapter
 
 USER = [{"role": "user", "content": "hi"}]
 SPREAD = 16  # requests per check: all on one of 2 workers has odds 2 x 2^-16
+children = load_bench_module("cpu_groups").children  # pid -> command line of each child
 
 
 class Proxy:
@@ -87,19 +89,6 @@ async def stream(proxy: Proxy, tokens: int, model: str | None = None) -> tuple[s
             session.post(proxy.url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
         return resp.headers["X-Request-Id"], await resp.read()
-
-
-def children(pid: int) -> dict[int, str]:
-    """pid -> command line of each child of `pid`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 @pytest.fixture(scope="module")
