@@ -123,7 +123,7 @@ def make_stream_parts():
 
 
 async def one_stream(loop, reads: list[bytes], transport: Transport, drain) -> None:
-    stream = RelayStream(loop, "http://x", None, client_module._parse_event, client_module._error_from_status)
+    stream = RelayStream(loop, "http://x", client_module._parse_event, client_module._error_from_status)
     stream.connection_made(Transport(None))
     rules, formatter = make_stream_parts()
     stream.data_received(reads[0])

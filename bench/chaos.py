@@ -57,6 +57,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_proxy import free_port
+from cpu_groups import children
 
 ROOT = Path(__file__).resolve().parents[1]
 IDS, ERROR, LOST, LEFT, CUT = "ids", "error", "lost", "left", "cut"
@@ -216,18 +217,6 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, limit_s: float, path: 
                 return
         time.sleep(0.2)
     raise SystemExit(f"{url} did not answer {path} within {limit_s:.0f} s")
-
-
-def children(pid: int) -> dict[int, str]:
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
 
 
 @dataclass

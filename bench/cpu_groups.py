@@ -59,6 +59,11 @@ def descendants(pid: int, table: dict[int, tuple[int, float]] | None = None) -> 
     return out
 
 
+def children(pid: int) -> dict[int, str]:
+    """pid -> command line of each live child of `pid` (one level: descendants() goes all the way)."""
+    return {child: cmdline(child) for child, (parent, _) in proc_table().items() if parent == pid}
+
+
 def tree_cpu_s(root: int) -> float:
     """utime + stime of root and every live descendant, in seconds."""
     table = proc_table()

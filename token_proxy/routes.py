@@ -1,8 +1,9 @@
 """The proxy's one route table: per route its path, methods, handler, class and flags, data plane and
 admin plane (every dialect) alike. add_routes registers the rows and puts the table on the app
 (http_io.ROUTE_TABLE), where the middleware reads a route's flags: auth and admission its class,
-the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows, openapi
-`in_openapi`; a --workers process forwards the `worker=OWNER` rows to the admin owner.
+the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows;
+`in_openapi` rows are the paths ops/openapi.py describes (tests/serving/test_route_table.py checks
+the two agree); a --workers process forwards the `worker=OWNER` rows to the admin owner.
 
 Classes: inference (generates tokens: the API key, and an admission slot), tokenizer (data-plane
 reads: the API key), admin (control plane: the admin key), ops (public probes and metrics).
@@ -80,7 +81,7 @@ class Route:
     sets_version: bool = False  # SGLang may serve another weight version after it: the gauge is re-read
     dialect: str | None = None
     worker: str = LOCAL
-    in_openapi: bool = False  # GET /openapi.json describes it
+    in_openapi: bool = False  # GET /openapi.json describes it (a test holds ops/openapi.py to these rows)
 
     @property
     def served(self) -> bool:
@@ -184,9 +185,10 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
     return refuse
 
 
-def add_rows(app: web.Application, rows) -> None:
+def add_rows(app: web.Application, rows, handler: Handler | None = None) -> None:
     """Register the served rows and list every row in the app's table (http_io.ROUTE_TABLE). A LOCAL
-    row answers a wrong method with 405 and Allow; an OWNER row leaves it to the pass-through."""
+    row answers a wrong method with 405 and Allow; an OWNER row leaves it to the pass-through.
+    `handler`: answers every served row in place of its own (a --workers process forwards the OWNER rows)."""
     table = app.get(ROUTE_TABLE)
     if table is None:
         table = app[ROUTE_TABLE] = {}
@@ -194,11 +196,12 @@ def add_rows(app: web.Application, rows) -> None:
         table[route.path] = route
         if route.handler is None:
             continue
+        answer = handler or route.handler
         for method in route.methods:
-            app.router.add_route(method, route.path, route.handler)
+            app.router.add_route(method, route.path, answer)
         if route.worker == LOCAL:
             if "GET" in route.methods:
-                app.router.add_route("HEAD", route.path, route.handler)
+                app.router.add_route("HEAD", route.path, answer)
             allowed = route.methods + (("HEAD",) if "GET" in route.methods else ())
             app.router.add_route("*", route.path, method_not_allowed(allowed))
 

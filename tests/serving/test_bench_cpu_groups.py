@@ -108,6 +108,20 @@ def test_sglang_found_by_its_port_and_its_scheduler_by_title(cg):
         main.wait(timeout=10)
 
 
+def test_children_are_one_level_with_their_command_lines(cg):
+    code = ("import subprocess, sys; child = subprocess.Popen(['/bin/sleep', '60'])\n"
+            "print(child.pid, flush=True); sys.stdin.read(); child.kill()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(proc.stdout.readline())
+        assert cg.children(proc.pid) == {grandchild: "/bin/sleep 60"}
+        assert cg.children(os.getpid())[proc.pid] == f"{sys.executable} -c {code}"
+        assert cg.descendants(proc.pid) == [grandchild]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
 def test_pin_sets_every_thread_of_a_process_and_restore_undoes_it(cg):
     cpu = min(os.sched_getaffinity(0))
     proc = subprocess.Popen([sys.executable, "-c", ("import sys, threading\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from aiohttp import web
 
@@ -10,10 +11,11 @@ from token_proxy.api.sampling import RANGES, parse_sampling
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import ROUTE_TABLE, route_kind, routes_where
 from token_proxy.ids import MAX_ID_CHARS, checked_id
-from token_proxy.ops.openapi import openapi_spec
+from token_proxy.ops.openapi import Limits, openapi_spec
 from token_proxy.routes import ADMIN, INFERENCE, OPS, OWNER, ROUTES, TOKENIZER, route_class
 from token_proxy.serving.worker_app import add_worker_plane, forward_to_owner
 from token_proxy.sglang.pause import PRIME_RL, VLLM, to_sglang
+from token_proxy.state import CONTEXT
 
 
 def test_every_path_is_one_row_and_every_sglang_forward_has_one():
@@ -41,10 +43,24 @@ async def test_the_app_carries_the_table_and_openapi_lists_its_rows(proxy):
     assert route_kind(app, "/liveness") == OPS and route_kind(app, "/update_weights") == ADMIN
     listed = routes_where(app, "in_openapi")
     assert "/openapi.json" not in listed and "/metrics" not in listed
-    spec = await (await proxy.get("/openapi.json")).json()
-    assert sorted(spec["paths"]) == sorted(listed)
-    with pytest.raises(ValueError, match="/pause"):
-        openapi_spec(None, ["/pause"])
+    resp = await proxy.get("/openapi.json")
+    body = await resp.read()
+    assert sorted(orjson.loads(body)["paths"]) == sorted(listed)
+    # the handler serves openapi_spec as it is, for the connected engine's limits (nothing filtered)
+    ctx = app[CONTEXT]
+    limits = Limits(ctx.backend.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len)
+    assert limits.model == "sim/qwen2-tiny" and body == orjson.dumps(openapi_spec(limits))
+
+
+def test_openapi_describes_exactly_the_in_openapi_rows():
+    """The one check of the table against ops/openapi.py's schemas (both are fixed at import): a row
+    flagged in_openapi with no schema, or a schema for a row not flagged, fails here."""
+    described = list(openapi_spec()["paths"])
+    assert described == [
+        "/v1/chat/completions", "/v1/chat/completions/tokens", "/v1/chat/completions/render", "/v1/completions",
+        "/inference/v1/generate", "/tokenize", "/v1/tokenize", "/detokenize", "/v1/detokenize", "/v1/models",
+        "/health"]
+    assert sorted(described) == sorted(route.path for route in ROUTES if route.in_openapi)
 
 
 def test_a_worker_forwards_exactly_the_owner_rows():

@@ -20,10 +20,12 @@ import aiohttp
 import pytest
 
 from tests.support.admin_fixtures import free_port
+from tests.support.bench_modules import load_bench_module
 from tests.support.lora_fixtures import write_adapter
 
 USER = [{"role": "user", "content": "hi"}]
 SPREAD = 16  # requests per check: all on one of 2 workers has odds 2 x 2^-16
+children = load_bench_module("cpu_groups").children  # pid -> command line of each child
 
 
 class Proxy:
@@ -89,19 +91,6 @@ async def stream(proxy: Proxy, tokens: int, model: str | None = None) -> tuple[s
         return resp.headers["X-Request-Id"], await resp.read()
 
 
-def children(pid: int) -> dict[int, str]:
-    """pid -> command line of each child of `pid`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def proxy(tokenizer_dir, tmp_path_factory):
     port = free_port()
@@ -162,6 +151,7 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
                                    json={"prompt": "hello", "max_tokens": 2, "ignore_eos": True})
         assert status == 200, reply
         ids.append(reply["id"])
+        model = reply["model"]
     assert proxy.workers_of(ids) == {0, 1}
     await asyncio.sleep(1.0)  # one backend scrape (0.5 s) for the vllm: view
     for _ in range(6):  # whichever worker answers: one total, every family once
@@ -177,6 +167,10 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
         (length,) = [v for k, v in samples.items()
                      if k.startswith("vllm:request_success_total{") and 'finished_reason="length"' in k]
         assert float(length) == SPREAD
+        # every finish reason at 0 from start-up, under the served model's name, in each worker
+        for reason in ("stop", "abort", "error", "repetition"):
+            key = f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="{model}"}}'
+            assert float(samples[key]) == 0.0, key
         names = [line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"]
         for once in ("vllm:num_requests_running", "vllm:num_requests_waiting", "process_cpu_seconds_total",
                      "token_proxy_backend_metrics_up"):

@@ -54,8 +54,8 @@ class Down:
         self._blocked = False
 
 
-def relay_stream(idle_s=None, coalesce_s=0.0) -> tuple[RelayStream, FakeTransport]:
-    stream = RelayStream(asyncio.get_running_loop(), "http://sglang", idle_s, client_module._parse_event,
+def relay_stream(coalesce_s=0.0) -> tuple[RelayStream, FakeTransport]:
+    stream = RelayStream(asyncio.get_running_loop(), "http://sglang", client_module._parse_event,
                          client_module._error_from_status, coalesce_s)
     transport = FakeTransport()
     stream.connection_made(transport)
@@ -152,8 +152,8 @@ async def test_a_bad_chunk_size_is_unavailable(size):
 
 
 async def test_the_idle_limit_ends_a_stalled_stream():
-    stream, transport = relay_stream(idle_s=0.05)
-    stream.start_timers(None)
+    stream, transport = relay_stream()
+    stream.start_timers(first_token_s=None, idle_s=0.05, total_s=None)
     stream.data_received(HEAD_CHUNKED + chunked(b"data: " + orjson.dumps(event(0)) + b"\n\n", 1000)[:-5])
     assert await stream.first() == [event(0)]
     with pytest.raises(BackendTimeout, match="SGLang stalled"):

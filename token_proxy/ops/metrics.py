@@ -489,7 +489,6 @@ async def backend_metrics(app: web.Application):
 
     def seed(backend) -> None:  # once SGLang is known (start-up may come before it)
         metrics.backend.model_name = backend.served_model_name
-        metrics.start_vllm_series(backend.served_model_name)
         if backend.max_total_num_tokens:
             metrics.backend.set_cache_config(backend.max_total_num_tokens, backend.page_size)
         if backend.weight_version:
@@ -546,6 +545,7 @@ def add_observability(app: web.Application) -> None:
     app[REGISTER_COLLECTOR] = metrics.registry.register
     app.on_response_prepare.append(add_request_id_header)
     app.on_startup.append(_start_routes_at_zero)
+    app.on_startup.append(_start_vllm_series)
     if not multiproc:  # with --workers, the owner alone reads SGLang's /metrics
         app.cleanup_ctx.append(backend_metrics)
     else:
@@ -563,13 +563,18 @@ async def _start_routes_at_zero(app: web.Application) -> None:
     metrics.start_routes_at_zero(sorted(paths))
 
 
+async def _start_vllm_series(app: web.Application) -> None:
+    """vLLM's request_success series for the served model, at 0 once SGLang is known; the one place
+    every role (single, owner, worker) starts them."""
+    metrics, ctx = app[METRICS], app.get(CONTEXT)
+    if ctx is not None:
+        ctx.when_ready(lambda backend: metrics.start_vllm_series(backend.served_model_name))
+
+
 async def _mirror_collectors(app: web.Application):
     """--workers: keep this worker's custom collectors' values in the multiprocess files (CollectorMirror)."""
     metrics = app[METRICS]
     mirror = metrics.mirror
-    ctx = app.get(CONTEXT)
-    if ctx is not None:
-        ctx.when_ready(lambda backend: metrics.start_vllm_series(backend.served_model_name))
 
     async def forever() -> None:
         while True:

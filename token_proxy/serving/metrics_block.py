@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 # (adapter_sync.py), not requests; with --workers N that series is left out.
 OWNER_FAMILIES = ("vllm:", "token_proxy_backend_metrics_", "token_proxy_weight_version",
                   "token_proxy_lora_adapter_loaded_timestamp_seconds", "python_info")
-WORKER_PIDS = web.AppKey("worker_pids", list)
+WORKERS = web.AppKey("workers", list)  # the supervisor's worker processes (asyncio Process), by index
 CONTROL_SESSION = web.AppKey("control_session", aiohttp.ClientSession)
 BLOCK_TIMEOUT_S = 2.0
 
@@ -78,8 +78,8 @@ class ProcessTreeCollector:
 async def render_owner_block(app: web.Application) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OwnerFamilies(app[METRICS]))
-    workers = app.get(WORKER_PIDS, [])
-    registry.register(ProcessTreeCollector(lambda: [os.getpid(), *workers]))
+    workers = app.get(WORKERS, [])
+    registry.register(ProcessTreeCollector(lambda: [os.getpid(), *(proc.pid for proc in workers)]))
     return generate_latest(registry)
 
 

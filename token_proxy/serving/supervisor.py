@@ -54,7 +54,7 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     from token_proxy.app import create_app
     from token_proxy.ops.access_log import ACCESS_LOGGER
     from token_proxy.role import OWNER, Role
-    from token_proxy.serving.metrics_block import WORKER_PIDS
+    from token_proxy.serving.metrics_block import WORKERS
     from token_proxy.serving.serve import add_owner_planes
     from token_proxy.state import ON_FATAL
 
@@ -74,8 +74,8 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
         stop.set()
 
     app[ON_FATAL] = on_fatal
-    pids: list[int] = []
-    app[WORKER_PIDS] = pids
+    workers: list = []  # by index; _watch replaces a dead one in place (the metrics block reads their pids)
+    app[WORKERS] = workers  # before the app starts: its state is frozen then
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
                            shutdown_timeout=settings.shutdown_timeout_s)
     await runner.setup()
@@ -87,12 +87,11 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
             sys.executable, "-m", "token_proxy.serving.worker", str(run_dir), str(index),
             env=env, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
 
-    workers = [await start(index) for index in range(settings.api_workers)]
-    pids.extend(proc.pid for proc in workers)
+    workers.extend([await start(index) for index in range(settings.api_workers)])
     log.info("token-proxy: %d workers on http://%s:%d/v1 (pids %s), admin plane in pid %d -> %s",
-             len(workers), settings.host, settings.port, ", ".join(map(str, pids)), os.getpid(),
-             settings.backend_url)
-    status = await _watch(workers, pids, start, stop, run_dir)
+             len(workers), settings.host, settings.port, ", ".join(str(proc.pid) for proc in workers),
+             os.getpid(), settings.backend_url)
+    status = await _watch(workers, start, stop, run_dir)
     status = 2 if fatal else status
     await _stop_workers(workers, settings.shutdown_timeout_s + KILL_GRACE_S)
     for proc in workers:
@@ -101,7 +100,7 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     return status
 
 
-async def _watch(workers: list, pids: list[int], start, stop: asyncio.Event, run_dir: Path) -> int:
+async def _watch(workers: list, start, stop: asyncio.Event, run_dir: Path) -> int:
     """Until `stop`: a worker that exits is started again in its place (same index); the exit status
     when workers keep dying, or one exits 2 (a configuration error: a new one would fail the same)."""
     from prometheus_client import multiprocess
@@ -127,7 +126,6 @@ async def _watch(workers: list, pids: list[int], start, stop: asyncio.Event, run
                     return 2 if proc.returncode == 2 else 1
                 multiprocess.mark_process_dead(proc.pid, str(run_dir / "metrics"))
                 workers[index] = await start(index)
-                pids[pids.index(proc.pid)] = workers[index].pid
                 log.error("worker %d (pid %d) exited with status %s: started again as pid %d (its requests "
                           "in flight were cut)", index, proc.pid, proc.returncode, workers[index].pid)
                 exits[asyncio.ensure_future(workers[index].wait())] = index

@@ -18,7 +18,7 @@ from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.metrics import EXTRA_METRICS
 from token_proxy.role import ROLE
-from token_proxy.routes import OWNER, ROUTES
+from token_proxy.routes import OWNER, ROUTES, add_rows
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.state import CONTEXT
 
@@ -75,10 +75,7 @@ class RemoteLora:
 
 def add_worker_plane(app: web.Application) -> None:
     """In place of routes.add_admin_plane: the route table's OWNER rows, each forwarded, then the catch-all."""
-    for route in ROUTES:
-        if route.worker == OWNER and route.served:
-            for method in route.methods:
-                app.router.add_route(method, route.path, forward_to_owner)
+    add_rows(app, [route for route in ROUTES if route.worker == OWNER], handler=forward_to_owner)
     app.router.add_route("*", "/_internal/{tail:.*}", internal_only)
     app.router.add_route("*", "/{tail:.*}", forward_to_owner)
     app.cleanup_ctx.append(_worker_state)

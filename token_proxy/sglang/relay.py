@@ -53,7 +53,7 @@ def relay_target(base_url: str) -> tuple[str, int, str] | None:
 class RelayStream(asyncio.Protocol):
     """One streamed POST on its own connection (create with `open_relay`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str, idle_s: float | None,
+    def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str,
                  parse_event: Callable[[bytes], tuple[dict | None, ProxyError | None]],
                  error_from_status: Callable[[int, bytes], ProxyError], coalesce_s: float = 0.0):
         """`parse_event`, `error_from_status`: sglang/client.py's (it passes them; the decoder is events.py's).
@@ -82,9 +82,7 @@ class RelayStream(asyncio.Protocol):
         self._paused = False  # the client's backpressure holds SGLang's reads
         self._resting: asyncio.TimerHandle | None = None  # the coalescing pause holds them (its timer)
         self._coalesce_s = coalesce_s
-        self._idle_s = idle_s
         self._deadline = Deadline(loop, None, None, self._fail)  # no limits until start_timers
-        self.first_token_s: float | None = None
 
     # ------------------------------------------------------------ the handler's side
 
@@ -153,10 +151,10 @@ class RelayStream(asyncio.Protocol):
 
     # ------------------------------------------------------------ timers
 
-    def start_timers(self, total_s: float | None) -> None:
+    def start_timers(self, first_token_s: float | None, idle_s: float | None, total_s: float | None) -> None:
         """The first-token, idle and total limits (a limit hit fails the stream with its BackendTimeout)."""
         self._deadline.cancel()
-        self._deadline = Deadline(self._loop, self.first_token_s, self._idle_s, self._fail, total_s)
+        self._deadline = Deadline(self._loop, first_token_s, idle_s, self._fail, total_s)
 
     # ------------------------------------------------------------ the connection's side
 
@@ -386,7 +384,7 @@ async def open_relay(base_url: str, target: tuple[str, int, str], path: str, bod
     """Connect and send the POST; the response is read as it comes (see RelayStream)."""
     host, port, prefix = target
     loop = asyncio.get_running_loop()
-    stream = RelayStream(loop, base_url, idle_s, parse_event, error_from_status, coalesce_s)
+    stream = RelayStream(loop, base_url, parse_event, error_from_status, coalesce_s)
     try:
         await asyncio.wait_for(loop.create_connection(lambda: stream, await resolve(host), port), connect_s)
     except asyncio.TimeoutError:
@@ -399,7 +397,6 @@ async def open_relay(base_url: str, target: tuple[str, int, str], path: str, bod
     stream.transport.write(b"POST %b%b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
                            b"Accept: text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b"
                            % (prefix.encode(), path.encode(), host_header.encode(), len(body), body))
-    stream.first_token_s = first_token_s
-    stream.start_timers(total_s)
+    stream.start_timers(first_token_s, idle_s, total_s)
     return stream
 
