@@ -433,6 +433,8 @@ def main() -> None:
                         help="run a group on these CPUs (repeatable; groups: sglang, sglang_sched, sglang_other, "
                         "proxy, clients), e.g. --pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15")
     args = parser.parse_args()
+    if not args.interleave and (args.access_log or "generate_fresh" in args.targets):
+        raise SystemExit("--access-log and --targets generate_fresh need --interleave R (e.g. --interleave 1)")
     try:
         pins = cpu_groups.parse_pins(args.pin, os.sched_getaffinity(0))
     except ValueError as exc:
