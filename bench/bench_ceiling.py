@@ -500,6 +500,43 @@ def proxy_configs(args) -> list[tuple[int, str]]:
     return configs
 
 
+@dataclass
+class Warm:
+    """What every point's bodies come from: the proxy that renders and tokenizes the ceiling's prompts,
+    the served model's name, and the warm-up prompts (never timed), as messages and as ids."""
+    render_url: str
+    model: str
+    messages: list[list[dict]]
+    ids: list[list[int]]
+
+
+def warm_up(args, render_url: str) -> Warm:
+    model = get_json(render_url + "/v1/models")["data"][0]["id"]
+    messages = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
+    ids = asyncio.run(tokenize_all(render_url, messages))
+    args.prompt_tokens = len(ids[0])
+    return Warm(render_url, model, messages, ids)
+
+
+def measure(args, row: Row, base_url: str, warm: Warm, flush: str, proxy_pid: int | None, host: Host) -> Row:
+    """One target at one point: its bodies (prompts new to the run), timed with run_point."""
+    plan = prompt_plan(row.n, row.repeats, args.facts)
+    if row.target in ("generate", "generate_fresh"):  # SGLang's /generate, pre-tokenized
+        ids = asyncio.run(tokenize_all(warm.render_url, plan))
+        bodies = [generate_body(x, row.stream, args.max_tokens) for x in ids]
+        warmup = [generate_body(x, row.stream, args.max_tokens) for x in warm.ids]
+        url = base_url + "/generate"
+    else:  # a chat: SGLang's own, or the proxy's
+        proxy = row.target == "proxy"
+        bodies = [chat_body(m, row.stream, warm.model, args.max_tokens, proxy=proxy) for m in plan]
+        warmup = [chat_body(m, row.stream, warm.model, args.max_tokens, proxy=proxy) for m in warm.messages]
+        url = base_url + "/v1/chat/completions"
+    turn = "" if row.round is None else f"round {row.round} "
+    who = f"proxy x{row.workers} {row.flags}".rstrip() if proxy_pid else row.target
+    print(f"  {turn}{who} stream={row.stream} grpo={row.repeats} c={row.concurrency} n={row.n}", file=sys.stderr)
+    return run_point(row, url, bodies, warmup, args.clients, flush, proxy_pid, args.max_tokens, host)
+
+
 def run_interleaved(args, backend: str, configs: list[tuple[int, str]], host: Host) -> list[Row]:
     """Every point: --interleave rounds of (ceiling, SGLang's chat, each proxy), with every proxy started once
     and running throughout (an idle proxy costs nothing measurable)."""
@@ -512,37 +549,19 @@ def run_interleaved(args, backend: str, configs: list[tuple[int, str]], host: Ho
             proc, url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags), *logged], args.profile)
             proxies.append((workers, flags, proc, url))
             cpu_groups.pin_groups(host.pins, host.groups(proc.pid))
-        first_url = proxies[0][3]  # renders and tokenizes the ceiling's prompts (measured or not)
-        model = get_json(first_url + "/v1/models")["data"][0]["id"]
-        warm = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
-        warm_ids = asyncio.run(tokenize_all(first_url, warm))
-        args.prompt_tokens = len(warm_ids[0])
+        warm = warm_up(args, proxies[0][3])  # the first proxy renders the ceiling's prompts (measured or not)
         for stream, repeats, conc, n in points(args):
             for rnd in range(args.interleave):
                 turns = [t for t in ("generate", "generate_fresh", "chat") if t in args.targets]
                 turns += [p for p in proxies if "proxy" in args.targets]
                 for turn in (turns if rnd % 2 == 0 else turns[::-1]):
-                    plan = prompt_plan(n, repeats, args.facts)
-                    if turn in ("generate", "generate_fresh"):
-                        ids = asyncio.run(tokenize_all(first_url, plan))
-                        row, url, proxy_pid = Row(turn, None, stream, repeats, conc, n), backend + "/generate", None
-                        bodies = [generate_body(x, stream, args.max_tokens) for x in ids]
-                        warmup = [generate_body(x, stream, args.max_tokens) for x in warm_ids]
-                    elif turn == "chat":
-                        row, url, proxy_pid = Row("chat", None, stream, repeats, conc, n), backend + "/v1/chat/completions", None
-                        bodies = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in plan]
-                        warmup = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in warm]
+                    if isinstance(turn, str):
+                        row, base_url, proxy_pid = Row(turn, None, stream, repeats, conc, n), backend, None
                     else:
-                        workers, flags, proc, purl = turn
-                        row = Row("proxy", workers, stream, repeats, conc, n, flags=flags)
-                        url, proxy_pid = purl + "/v1/chat/completions", proc.pid
-                        bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
-                        warmup = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in warm]
+                        workers, flags, proc, base_url = turn
+                        row, proxy_pid = Row("proxy", workers, stream, repeats, conc, n, flags=flags), proc.pid
                     row.round = rnd
-                    print(f"  round {rnd} {row.target} x{row.workers} {flags if proxy_pid else ''} stream={stream} "
-                          f"grpo={repeats} c={conc} n={n}", file=sys.stderr)
-                    rows.append(run_point(row, url, bodies, warmup, args.clients, flush, proxy_pid, args.max_tokens,
-                                          host))
+                    rows.append(measure(args, row, base_url, warm, flush, proxy_pid, host))
                     saved(args, rows)
     finally:
         for workers, flags, proc, _url in proxies:
@@ -562,52 +581,28 @@ def access_log_name(workers: int, flags: str) -> str:
 def run_all(args, backend: str, configs: list[tuple[int, str]], host: Host) -> list[Row]:
     rows = []
     flush = backend + "/flush_cache"
-    worker_counts = [w for w, _ in configs]
-    flags_of = [f for _, f in configs]
-    proxy, proxy_url = start_proxy(backend, worker_counts[0] if worker_counts else 1,
-                                   [*args.proxy_arg, *shlex.split(flags_of[0] if flags_of else "")], args.profile)
+    workers, flags = (configs or [(1, "")])[0]
+    proxy, proxy_url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags)], args.profile)
     cpu_groups.pin_groups(host.pins, host.groups(proxy.pid))
     try:
-        model = get_json(proxy_url + "/v1/models")["data"][0]["id"]
-        warm = [chat_messages(next(_unique), args.facts) for _ in range(2 * args.clients)]
-        warm_ids = asyncio.run(tokenize_all(proxy_url, warm))
-        lengths = asyncio.run(tokenize_all(proxy_url, warm[:1]))
-        args.prompt_tokens = len(lengths[0])
+        warm = warm_up(args, proxy_url)
         # The ceiling and SGLang's own chat: once, whatever the proxy's worker count.
         for stream, repeats, conc, n in points(args):
             for target in ("generate", "chat"):
-                if target not in args.targets:
-                    continue
-                row = Row(target, None, stream, repeats, conc, n)
-                plan = prompt_plan(n, repeats, args.facts)
-                if target == "generate":
-                    ids = asyncio.run(tokenize_all(proxy_url, plan))
-                    bodies = [generate_body(x, stream, args.max_tokens) for x in ids]
-                    warmup = [generate_body(x, stream, args.max_tokens) for x in warm_ids]
-                    url = backend + "/generate"
-                else:
-                    bodies = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in plan]
-                    warmup = [chat_body(m, stream, model, args.max_tokens, proxy=False) for m in warm]
-                    url = backend + "/v1/chat/completions"
-                print(f"  {target} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
-                rows.append(run_point(row, url, bodies, warmup, args.clients, flush, None, args.max_tokens,
-                                     host))
-                saved(args, rows)
+                if target in args.targets:
+                    rows.append(measure(args, Row(target, None, stream, repeats, conc, n), backend, warm, flush,
+                                        None, host))
+                    saved(args, rows)
         if "proxy" in args.targets:
-            for i, workers in enumerate(worker_counts):
+            for i, (workers, flags) in enumerate(configs):
                 if i:
                     stop(proxy, args.profile)
-                    proxy, proxy_url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags_of[i])],
+                    proxy, proxy_url = start_proxy(backend, workers, [*args.proxy_arg, *shlex.split(flags)],
                                                    args.profile)
                     cpu_groups.pin_groups(host.pins, host.groups(proxy.pid))
                 for stream, repeats, conc, n in points(args):
-                    plan = prompt_plan(n, repeats, args.facts)
-                    bodies = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in plan]
-                    warmup = [chat_body(m, stream, model, args.max_tokens, proxy=True) for m in warm]
-                    print(f"  proxy x{workers} stream={stream} grpo={repeats} c={conc} n={n}", file=sys.stderr)
-                    rows.append(run_point(Row("proxy", workers, stream, repeats, conc, n, flags=flags_of[i]),
-                                          proxy_url + "/v1/chat/completions", bodies, warmup, args.clients, flush,
-                                          proxy.pid, args.max_tokens, host))
+                    rows.append(measure(args, Row("proxy", workers, stream, repeats, conc, n, flags=flags), proxy_url,
+                                        warm, flush, proxy.pid, host))
                     saved(args, rows)
     finally:
         stop(proxy, args.profile)

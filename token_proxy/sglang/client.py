@@ -65,8 +65,9 @@ class SGLangClient:
                  on_retry: Callable[[str], None] | None = None, stream_coalesce_s: float = 0.0):
         """Timeouts: total per request; for streams also until the first event and between events
         (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done.
-        `stream_coalesce_s`: relayed streams' read pause (sglang/relay.py). `session` is the pool (`sglang_sessions`); `fresh` opens a connection per request,
-        for the one retry of a call whose reused connection SGLang had closed (`on_retry(reason)`)."""
+        `stream_coalesce_s`: relayed streams' read pause (sglang/relay.py). `session` is the pool
+        (`sglang_sessions`); `fresh` opens a connection per request, for the one retry of a call whose
+        reused connection SGLang had closed (`on_retry(reason)`)."""
         self.base_url = base_url.rstrip("/")
         self._session = session
         self._fresh = fresh
