@@ -52,18 +52,24 @@ def median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def rounds_table(rows: list[dict]) -> list[str]:
-    """Interleaved runs (bench_ceiling --interleave R): every target once per round, each round's ratios
-    against that round's ceiling, and their median (min..max) over the rounds. Empty without rounds."""
+def round_groups(rows: list[dict]) -> dict[tuple, list[tuple[dict, dict]]]:
+    """Interleaved rows by (stream, repeats, concurrency, target name): each with its own round's ceiling."""
     rows = [r for r in rows if r.get("round") is not None]
-    if not rows:
-        return []
     ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for r in rows:
         ceil = ceiling.get(key_of(r))
         if ceil is not None:
             groups.setdefault((r["stream"], r["repeats"], r["concurrency"], name_of(r)), []).append((r, ceil))
+    return groups
+
+
+def rounds_table(rows: list[dict]) -> list[str]:
+    """Interleaved runs (bench_ceiling --interleave R): every target once per round, each round's ratios
+    against that round's ceiling, and their median (min..max) over the rounds. Empty without rounds."""
+    groups = round_groups(rows)
+    if not groups:
+        return []
     header = ("| stream | prompts | conc | target | rounds | ÷ ceiling, median (min..max) | req/s median "
               "| TTFT p50 ms median | TTFT − ceiling's, median (min..max) | proxy CPU ms/req median | errors |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
@@ -166,20 +172,18 @@ def plot_rounds(rows: list[dict], path: str) -> None:
     mpl.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if r.get("round") is not None]
-    ceiling = {key_of(r): r for r in rows if r["target"] == "generate"}
-    points = sorted({(r["stream"], r["repeats"], r["concurrency"]) for r in rows}, key=lambda p: (not p[0], p[1], p[2]))
+    groups = round_groups(rows)
+    points = sorted({key[:3] for key in groups}, key=lambda p: (not p[0], p[1], p[2]))
     fig, axes = plt.subplots(2, len(points), figsize=(3.4 * len(points), 6), squeeze=False)
     for col, point in enumerate(points):
-        chosen = [r for r in rows if (r["stream"], r["repeats"], r["concurrency"]) == point]
-        names = sorted({name_of(r) for r in chosen}, key=lambda n: (not n.startswith("SGLang"), n))
+        names = sorted((key[3] for key in groups if key[:3] == point), key=lambda n: (not n.startswith("SGLang"), n))
         ratios, spans, times = [], [], []
         for name in names:
-            mine = [r for r in chosen if name_of(r) == name and ceiling.get(key_of(r))]
-            values = [r["rps"] / ceiling[key_of(r)]["rps"] for r in mine]
+            pairs = groups[(*point, name)]
+            values = [r["rps"] / c["rps"] for r, c in pairs]
             ratios.append(median(values))
             spans.append((median(values) - min(values), max(values) - median(values)))
-            times.append(median([r["ttft50"] if point[0] else r["p50"] for r in mine]))
+            times.append(median([r["ttft50"] if point[0] else r["p50"] for r, _ in pairs]))
         labels = [SHORT.get(n) or n.replace("proxy, ", "x").replace(" workers", "").replace(" worker", "")
                   .replace(", --stream-coalesce-ms ", "\nco") for n in names]
         axes[0][col].bar(labels, ratios, yerr=list(zip(*spans)), capsize=3)
