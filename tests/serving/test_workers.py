@@ -279,7 +279,9 @@ def test_every_log_line_is_one_whole_json_object(proxy):
 async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
     kids = children(proxy.proc.pid)
     assert len(kids) == 3
-    streams = [asyncio.ensure_future(stream(proxy, 50)) for _ in range(8)]  # ~1 s of tokens each
+    # ~1 s of tokens each; 16 fresh connections, spread by the kernel's SO_REUSEPORT hash, all land on one
+    # worker with odds 2**-15 (with 8 it was 2**-7: seen once in a run)
+    streams = [asyncio.ensure_future(stream(proxy, 50)) for _ in range(16)]
     await asyncio.sleep(0.4)
     assert not any(task.done() for task in streams)
     proxy.proc.send_signal(signal.SIGTERM)
