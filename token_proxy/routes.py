@@ -27,10 +27,11 @@ from token_proxy.api.chat.endpoint import (
     chat_completions_render,
     chat_completions_tokens,
 )
+from token_proxy.api.chat.sessions import finish_session
 from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
-from token_proxy.errors import BackendUnavailable, MethodNotAllowed
+from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
 from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, json_response, kind_in
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
@@ -59,6 +60,12 @@ async def list_models(request: web.Request) -> web.Response:
             "permission": []}
     adapters = adapter_cards(request.app[ADAPTERS], name, ctx.max_model_len, ctx.started_at)
     return json_response({"object": "list", "data": [card, *adapters]})
+
+
+async def fetch_weights(request: web.Request) -> web.Response:
+    raise NotImplementedHere("The proxy cannot serve /fetch_weights: SGLang takes weights pushed to it, it does "
+                             "not fetch them. Push them with POST /update_weights (prime-rl: a weight_dir, or NCCL "
+                             "after /init_broadcaster) or vLLM's /update_weights {\"update_info\"}")
 
 
 async def version(request: web.Request) -> web.Response:
@@ -120,6 +127,8 @@ ROUTES: tuple[Route, ...] = (
     *(Route(f"{prefix}/{name}", POST, handler, TOKENIZER, in_openapi=True)
       for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
     Route("/v1/models", GET, list_models, TOKENIZER, in_openapi=True),
+    Route("/finish_session", POST, finish_session, TOKENIZER),  # SkyRL: a trajectory's session ends
+    Route("/fetch_weights", GET_POST, fetch_weights, ADMIN),  # a 501 that says how weights reach SGLang
     Route("/openapi.json", GET, openapi_json, OPS),
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
     Route("/version", GET, version, OPS),
