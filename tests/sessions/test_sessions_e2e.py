@@ -7,6 +7,7 @@ Wiring expected: the chat endpoint reads `X-Session-ID` (or body `session_id`), 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from itertools import pairwise
@@ -224,7 +225,7 @@ async def test_skyrl_finish_session_drops_the_turn_now(proxy):
     for _ in range(100):  # recorded in the tokenizer executor after the reply
         if len(store) == 1:
             break
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
     assert len(store) == 1
     response = await proxy.post("/finish_session", params={"session_id": "traj-1"})
     assert (response.status, await response.json()) == (200, {"session_id": "traj-1", "finished": True})
