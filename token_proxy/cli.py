@@ -514,8 +514,8 @@ def simulator_process(settings: Settings):
         cmd += ["--context-length", str(settings.context_length)]
     if settings.tokenizer:
         cmd += ["--tokenizer", settings.tokenizer]
-    log.warning("no --backend given: the built-in SGLang SIMULATOR serves on 127.0.0.1:%d; its tokens come from "
-                "no model, so never train on them (pass --backend http://HOST:30000 for SGLang)", port)
+    log.warning("no --backend given: starting the built-in SGLang simulator on 127.0.0.1:%d. ITS TOKENS COME FROM "
+                "NO MODEL: never train on them (pass --backend http://HOST:30000 for SGLang)", port)
     proc = subprocess.Popen(cmd)
     try:
         _wait_for_health(f"http://127.0.0.1:{port}", proc, deadline_s=180.0)
