@@ -76,9 +76,8 @@ class AdapterPublisher:
                 log.warning("LoRA adapter map %d not yet applied by --workers process(es) %s after %.0f s",
                             version, behind, timeout_s)
                 return False
-            reported, self._reported = self._reported, asyncio.Event()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(reported.wait(), deadline - now)
+                await asyncio.wait_for(self._reported.wait(), deadline - now)
 
     def report(self, worker: int, seq: int, seen: int, held: list[str]) -> None:
         """A worker applied map `seen` and its requests hold `held` now. New leases are taken before
@@ -87,7 +86,8 @@ class AdapterPublisher:
         if seq <= pins.seq:
             return
         pins.seq, pins.seen, pins.reported_at = seq, max(pins.seen, seen), asyncio.get_running_loop().time()
-        self._reported.set()
+        self._reported.set()  # wakes every waiting `published`; the next report sets a new event
+        self._reported = asyncio.Event()
         known = {adapter.internal: adapter for adapter in self.registry.held()}
         for internal in held:
             if internal not in pins.held and internal in known:
