@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import time
 import urllib.parse
 import urllib.request
 
+from token_proxy import __version__
 from token_proxy.checks import bool_word
 from token_proxy.ops.access_log import configure_logging
 from token_proxy.settings import SGLANG_PAUSE_MODES, Settings, one_of
@@ -141,8 +143,8 @@ FLAG_GROUPS = (
     ("logging and metrics", (
         ("--log-level", "log_level", str, "debug, info, warning or error"),
         ("--log-format", "log_format", str, "text or json (the per-request access line is always JSON)"),
-        ("--disable-log-requests", "disable_log_requests", flag_bool, ("no per-request access line (vLLM's "
-         "spelling; its --disable-uvicorn-access-log is accepted too)")),
+        ("--disable-log-requests", "disable_log_requests", flag_bool, ("no per-request access line (vLLM "
+         "0.6-0.10's spelling; --disable-uvicorn-access-log is accepted too)")),
         ("--backend-metrics-interval", "backend_metrics_interval_s", float, ("seconds between reads of "
          "SGLang's /metrics for the vllm: view (0: off)")),
         ("--backend-metrics-stale-after", "backend_metrics_stale_s", float, ("seconds without a good read of "
@@ -155,11 +157,22 @@ FLAG_GROUPS = (
 )
 _FLAGS = tuple(flag for _, flags in FLAG_GROUPS for flag in flags)
 # Other spellings of a flag (vLLM's), accepted as the same option.
-_ALIASES = {"--disable-log-requests": ("--disable-uvicorn-access-log",)}
+_ALIASES = {
+    "--disable-log-requests": ("--disable-uvicorn-access-log",),
+    "--context-length": ("--max-model-len",),  # vllm serve's name
+    "--workers": ("--api-server-count",),  # vllm serve's name
+}
 # Deprecated flags: (flag, Settings field it sets, how its value maps onto that field). Hidden from --help.
 _DEPRECATED = (
     ("--allow-unhonoured-seed", "require_honoured_seed", lambda allow: not allow),
 )
+# Flags that set a field to the opposite of their value, shown in --help: (flag, field, help).
+_INVERSES = (
+    ("--enable-log-requests", "disable_log_requests", ("vllm serve's spelling: write the per-request access "
+     "line (the default here)")),
+)
+# TOKEN_PROXY_* variables that are not flags but are read all the same (the test suite's golden files).
+OTHER_VARIABLES = frozenset({"TOKEN_PROXY_GOLDEN_DIR"})
 DESCRIPTION = ("An OpenAI/vLLM-compatible proxy in front of SGLang's native /generate. With no --backend, "
                "the built-in SGLang simulator runs in a child process (no GPU needed). Every flag also "
                "reads an environment variable, TOKEN_PROXY_<FLAG> (e.g. TOKEN_PROXY_BACKEND).")
@@ -214,6 +227,13 @@ def wants_json_log(argv: list[str], environ) -> bool:
     return fmt == "json"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class FromEnv:
+    """A flag's value read from its TOKEN_PROXY_* variable, still a string."""
+
+    value: str
+
+
 def build_parser(environ: dict) -> argparse.ArgumentParser:
     defaults = Settings()
     parser = OneLineParser(prog="token-proxy", description=DESCRIPTION)
@@ -222,7 +242,9 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
         for flag, field, kind, help_text in flags:
             env = env_name(flag)
             shown = _shown_default(field, getattr(defaults, field))
-            default = environ.get(env, getattr(defaults, field))
+            # An environment value is converted in parse_settings (not by argparse, whose error would
+            # blame the flag for a value the variable gave).
+            default = FromEnv(environ[env]) if env in environ else getattr(defaults, field)
             repeat = {"action": "append", "default": None} if kind in (url_list, lora_module) else {"default": default}
             if kind is lora_module:
                 repeat["nargs"] = "+"
@@ -236,16 +258,46 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
     for flag, _, _ in _DEPRECATED:
         parser.add_argument(flag, dest="deprecated_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
                             const=True, default=None, help=argparse.SUPPRESS)
+    for flag, _, help_text in _INVERSES:
+        parser.add_argument(flag, dest="inverse_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
+                            const=True, default=None, metavar="BOOL", help=f"{help_text} [env {env_name(flag)}]")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
+
+
+def known_variables() -> frozenset[str]:
+    """Every TOKEN_PROXY_* variable the proxy reads: one per flag (another spelling of a flag has none)."""
+    flags = [flag for flag, *_ in _FLAGS] + [flag for flag, *_ in _DEPRECATED] + [flag for flag, *_ in _INVERSES]
+    return frozenset(map(env_name, flags)) | OTHER_VARIABLES
+
+
+def unknown_variable(environ) -> str | None:
+    """The first TOKEN_PROXY_* variable no flag reads, as an error naming the closest known one: a typo
+    (TOKEN_PROXY_BAKEND) must not quietly start the simulator."""
+    known = known_variables()
+    unknown = sorted(name for name in environ if name.startswith("TOKEN_PROXY_") and name not in known)
+    if not unknown:
+        return None
+    aliases = {env_name(alias): env_name(flag) for flag, spellings in _ALIASES.items() for alias in spellings}
+    prefix = len("TOKEN_PROXY_")
+    close = [aliases[unknown[0]]] if unknown[0] in aliases else [
+        "TOKEN_PROXY_" + name for name in difflib.get_close_matches(unknown[0][prefix:], [k[prefix:] for k in known], n=1)]
+    hint = f"did you mean {close[0]}?" if close else "see token-proxy --help for the variables"
+    return f"unknown environment variable {unknown[0]} ({hint}; unset it to start)"
 
 
 def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -> Settings:
     environ = os.environ if environ is None else environ
     parser = build_parser(environ)
     parser.json_errors = wants_json_log(sys.argv[1:] if argv is None else argv, environ)
+    unknown = unknown_variable(environ)
+    if unknown:
+        parser.error(unknown)
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
     _apply_deprecated(args, values, environ)
+    _apply_inverses(args, values, environ)
     for flag, field, kind, _ in _FLAGS:  # environment values arrive as strings
         if kind is url_list:  # repeatable: the flags given, else the environment's comma list
             given = values[field]
@@ -258,9 +310,9 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
                     lora_module(item) for item in environ.get(env_name(flag), "").split(",") if item.strip())
             except argparse.ArgumentTypeError as exc:
                 parser.error(f"{env_name(flag)}: {exc}")
-        elif isinstance(values[field], str) and kind is not str:
+        elif isinstance(values[field], FromEnv):
             try:
-                values[field] = kind(values[field])
+                values[field] = kind(values[field].value)
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{env_name(flag)}: {exc}")
     values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
@@ -274,7 +326,30 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
     try:
         return Settings(**values)
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(blame(str(exc), argv, environ))
+
+
+def given_on_command_line(flag: str, argv: list[str]) -> bool:
+    spellings = (flag, *_ALIASES.get(flag, ()))
+    return any(arg == s or arg.startswith(s + "=") for arg in argv for s in spellings)
+
+
+def blame(message: str, argv: list[str], environ) -> str:
+    """A Settings error names the flag; when the value came from its environment variable, name that."""
+    for flag, *_ in _FLAGS:
+        if message.startswith(flag + " ") and not given_on_command_line(flag, argv) and env_name(flag) in environ:
+            return f"{env_name(flag)} ({flag}){message[len(flag):]}"
+    return message
+
+
+def _apply_inverses(args: argparse.Namespace, values: dict, environ) -> None:
+    for flag, field, _ in _INVERSES:
+        given = getattr(args, "inverse_" + flag[2:].replace("-", "_"))
+        env = environ.get(env_name(flag))
+        if given is None and env is not None:
+            given = flag_bool(env)
+        if given is not None:
+            values[field] = not given
 
 
 def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
@@ -298,7 +373,11 @@ def normalise_backend_url(url: str) -> tuple[str, str | None]:
     the proxy calls SGLang's native routes (/generate, /model_info) at its root. A path ending in one
     of those routes is refused; an http URL with no port is used (port 80: a reverse proxy may be
     there) with a warning naming SGLang's own port, 30000."""
-    parts = urllib.parse.urlsplit(url.strip())
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed [
+        raise ValueError(f"--backend {url!r} is not a valid URL ({exc}): write it as http://HOST:PORT, "
+                         "an IPv6 host in brackets (http://[::1]:30000)") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError(f"--backend {url!r} is not an http(s) URL: write it as http://HOST:PORT "
                          "(SGLang's address, without /v1)")
@@ -317,9 +396,10 @@ def normalise_backend_url(url: str) -> tuple[str, str | None]:
         path = path[:-3]
         warning = (f"--backend {url!r} ends in /v1 (an OpenAI base URL); using SGLang's root "
                    f"{root}{path} (the proxy calls its native /generate)")
-    elif port is None and parts.scheme == "http":
-        warning = (f"--backend {url!r} names no port: using port 80 (SGLang listens on 30000 unless started "
-                   f"with --port; write {root}:30000{path} if that is where it is)")
+    elif port is None:
+        default = 80 if parts.scheme == "http" else 443
+        warning = (f"--backend {url!r} names no port: using port {default} (SGLang listens on 30000 unless "
+                   f"started with --port; write {root}:30000{path} if that is where it is)")
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", "")), warning
 
 
@@ -374,7 +454,7 @@ def main(argv: list[str] | None = None) -> None:
         with sock, contextlib.ExitStack() as stack:
             if not settings.backend_url:
                 url = stack.enter_context(simulator_process(settings))
-                settings = dataclasses.replace(settings, backend_url=url)
+                settings = dataclasses.replace(settings, backend_url=url, simulator=True)
             if several:
                 from token_proxy.serving.supervisor import serve_workers
 
@@ -434,7 +514,8 @@ def simulator_process(settings: Settings):
         cmd += ["--context-length", str(settings.context_length)]
     if settings.tokenizer:
         cmd += ["--tokenizer", settings.tokenizer]
-    log.info("no --backend given: starting the built-in SGLang simulator on 127.0.0.1:%d", port)
+    log.warning("no --backend given: starting the built-in SGLang simulator on 127.0.0.1:%d. ITS TOKENS COME FROM "
+                "NO MODEL: never train on them (pass --backend http://HOST:30000 for SGLang)", port)
     proc = subprocess.Popen(cmd)
     try:
         _wait_for_health(f"http://127.0.0.1:{port}", proc, deadline_s=180.0)

@@ -48,6 +48,14 @@ class MethodNotAllowed(ProxyError):
         return {"Allow": ", ".join(self.allowed)}
 
 
+class NotImplementedHere(ProxyError):
+    """A route vLLM or a trainer knows that the proxy cannot serve in front of SGLang (the message says why
+    and what to use instead)."""
+
+    status = 501
+    type = "NotImplementedError"
+
+
 class BackendUnavailable(ProxyError):
     """SGLang cannot be reached (connection refused, reset, restarting): retrying helps."""
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from token_proxy import __version__
 from token_proxy.admin import removed_routes, vllm_rl
 from token_proxy.admin import routes as prime_rl
 from token_proxy.admin.forward import add_passthrough, forwarded
@@ -26,10 +27,11 @@ from token_proxy.api.chat.endpoint import (
     chat_completions_render,
     chat_completions_tokens,
 )
+from token_proxy.api.chat.sessions import finish_session
 from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
-from token_proxy.errors import BackendUnavailable, MethodNotAllowed
+from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
 from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, json_response, kind_in
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
@@ -45,16 +47,30 @@ LOCAL, OWNER = "local", "owner"
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
 SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# /v1/models' owned_by while the built-in simulator serves: its tokens come from no model.
+SIMULATED_OWNER = "sglang-token-proxy-simulator (not a model: start with --backend)"
 
 
 async def list_models(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     name = ctx.backend.served_model_name
-    card = {"id": name, "object": "model", "created": ctx.started_at, "owned_by": "sglang-token-proxy",
+    owner = SIMULATED_OWNER if ctx.settings.simulator else "sglang-token-proxy"
+    card = {"id": name, "object": "model", "created": ctx.started_at, "owned_by": owner,
             "root": ctx.backend.tokenizer_path, "parent": None, "max_model_len": ctx.max_model_len,
             "permission": []}
     adapters = adapter_cards(request.app[ADAPTERS], name, ctx.max_model_len, ctx.started_at)
     return json_response({"object": "list", "data": [card, *adapters]})
+
+
+async def fetch_weights(request: web.Request) -> web.Response:
+    raise NotImplementedHere("The proxy cannot serve /fetch_weights: SGLang takes weights pushed to it, it does "
+                             "not fetch them. Push them with POST /update_weights (prime-rl: a weight_dir, or NCCL "
+                             "after /init_broadcaster) or vLLM's /update_weights {\"update_info\"}")
+
+
+async def version(request: web.Request) -> web.Response:
+    """vLLM's GET /version."""
+    return json_response({"version": __version__})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -111,8 +127,11 @@ ROUTES: tuple[Route, ...] = (
     *(Route(f"{prefix}/{name}", POST, handler, TOKENIZER, in_openapi=True)
       for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
     Route("/v1/models", GET, list_models, TOKENIZER, in_openapi=True),
+    Route("/finish_session", POST, finish_session, TOKENIZER),  # SkyRL: a trajectory's session ends
+    Route("/fetch_weights", GET_POST, fetch_weights, ADMIN),  # a 501 that says how weights reach SGLang
     Route("/openapi.json", GET, openapi_json, OPS),
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
+    Route("/version", GET, version, OPS),
     Route("/metrics", GET, metrics_endpoint, OPS, quiet=True),
     # --- prime-rl's admin plane (admin/routes.py); /pause, /resume, /update_weights speak vLLM's too ---
     _admin("/pause", POST, prime_rl.pause, PRIME_RL),

@@ -117,16 +117,18 @@ class Settings:
     # Data-plane processes sharing the port (SO_REUSEPORT). 1: one process, exactly as before. N > 1:
     # a supervisor owns the admin plane and the vllm: view; token_proxy/serving/ says how.
     api_workers: int = 1
+    # Set by the CLI (no flag) when it started the built-in simulator: said in the log and /v1/models.
+    simulator: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if not 1 <= self.api_workers <= 256:
             raise ValueError(f"--workers must be in 1..256, got {self.api_workers}")
         if self.tokenizer_threads < 1:
-            raise ValueError("tokenizer_threads must be >= 1")
+            raise ValueError("--tokenizer-threads must be >= 1")
         if self.context_length is not None and self.context_length < 1:
-            raise ValueError("context_length must be >= 1")
+            raise ValueError("--context-length must be >= 1")
         if not 0 <= self.stream_coalesce_ms <= 1000:
             raise ValueError(f"--stream-coalesce-ms must be in 0..1000 milliseconds, got {self.stream_coalesce_ms:g}")
         if self.stream_idle_timeout_s and self.stream_coalesce_ms / 1000 >= self.stream_idle_timeout_s:
@@ -142,18 +144,18 @@ class Settings:
         if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
             raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
         if self.backend_url and not self.backend_url.startswith(("http://", "https://")):
-            raise ValueError(f"backend_url must be an http(s) URL such as http://127.0.0.1:30000, "
+            raise ValueError(f"--backend must be an http(s) URL such as http://127.0.0.1:30000, "
                              f"got {self.backend_url!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise ValueError(f"log_level must be debug, info, warning or error, got {self.log_level!r}")
+            raise ValueError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):
-            raise ValueError(f"log_format must be text or json, got {self.log_format!r}")
+            raise ValueError(f"--log-format must be text or json, got {self.log_format!r}")
         if self.backend_metrics_interval_s < 0 or self.backend_metrics_stale_s <= 0:
             raise ValueError("backend metrics interval must be >= 0 and staleness > 0")
         if self.tool_call_streaming not in ("fragments", "whole"):
-            raise ValueError(f"tool_call_streaming must be fragments or whole, got {self.tool_call_streaming!r}")
+            raise ValueError(f"--tool-call-streaming must be fragments or whole, got {self.tool_call_streaming!r}")
         if self.pause_mode not in SGLANG_PAUSE_MODES:
-            raise ValueError(f"pause_mode must be {one_of(SGLANG_PAUSE_MODES)}, got {self.pause_mode!r}")
+            raise ValueError(f"--pause-mode must be {one_of(SGLANG_PAUSE_MODES)}, got {self.pause_mode!r}")
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
             raise ValueError("admin timeouts must be positive")
         _check_tool_flags(self)

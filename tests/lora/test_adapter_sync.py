@@ -69,3 +69,23 @@ def test_a_worker_mirror_follows_the_map_and_keeps_what_its_requests_hold():
     assert released == ["policy@v1"]  # the follower's cue to report at once
     apply_map(mirror, [])
     assert mirror.adapters() == []
+
+
+async def test_a_change_is_published_once_every_live_worker_applied_it():
+    """A load or unload answers after `published` (issue 31): every worker that polls applied the new map."""
+    import asyncio
+
+    registry, publisher, _ = owner()
+    publisher.report(0, seq=1, seen=0, held=[])
+    publisher.report(1, seq=1, seen=0, held=[])
+    load(registry, "policy", "/w/1")  # map version 1
+    waiting = asyncio.ensure_future(publisher.published(timeout_s=5.0))
+    await asyncio.sleep(0.01)
+    publisher.report(0, seq=2, seen=1, held=[])
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # worker 1 has not applied it yet
+    publisher.report(1, seq=2, seen=1, held=[])
+    assert await asyncio.wait_for(waiting, 1.0) is True
+    load(registry, "policy", "/w/2")  # version 2: worker 1 never answers again
+    publisher.report(0, seq=3, seen=2, held=[])
+    assert await publisher.published(timeout_s=0.05) is False

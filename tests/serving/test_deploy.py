@@ -192,7 +192,8 @@ def test_dockerfile_is_slim_non_root_with_a_healthcheck():
 
 
 async def test_image_entry_command_serves_health_and_metrics(make_sim, tokenizer_dir):
-    """The ENTRYPOINT with the image's ENV, run directly on loopback; the HEALTHCHECK command decides."""
+    """The ENTRYPOINT with the image's ENV, run directly on loopback; the HEALTHCHECK command decides (given the
+    proxy's pid: in the image the proxy is PID 1, which the check reads by default)."""
     sim = await make_sim()
     steps = _dockerfile()
     env = {**os.environ, **_dockerfile_env(steps)}
@@ -206,7 +207,7 @@ async def test_image_entry_command_serves_health_and_metrics(make_sim, tokenizer
     try:
         health = _healthcheck_argv(steps)
         for _ in range(300):
-            check = await asyncio.create_subprocess_exec(*health, env=env, stderr=subprocess.DEVNULL)
+            check = await asyncio.create_subprocess_exec(*health, str(proc.pid), env=env, stderr=subprocess.DEVNULL)
             if await check.wait() == 0:
                 break
             assert proc.returncode is None, (await proc.stderr.read()).decode()[-2000:]
@@ -369,3 +370,15 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_build_without_buildkit_sends_the_same_small_context():
+    """Without BuildKit, docker reads the root .dockerignore, not deploy/Dockerfile.dockerignore: the
+    same rules, or a legacy build sends .venv and every cache (534.5 MB once)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def rules(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+
+    assert rules(root / ".dockerignore") == rules(root / "deploy" / "Dockerfile.dockerignore")
+    assert rules(root / ".dockerignore")[:2] == ["**", "!pyproject.toml"]

@@ -180,3 +180,4 @@ async def test_cache_config_info_and_waiting_by_reason_for_prime_rl(make_sim, ma
     assert info.value == 1.0
     assert int(info.labels["num_gpu_blocks"]) * int(info.labels["block_size"]) == MAX_TOTAL_NUM_TOKENS
     assert info.labels["block_size"] == "1"
+    assert int(info.labels["kv_cache_size_tokens"]) == MAX_TOTAL_NUM_TOKENS  # what prime-rl reads first

@@ -234,6 +234,27 @@ async def test_lora_loaded_through_one_worker_is_sampled_through_both(proxy, tmp
         assert [card["id"] for card in models["data"]][1:] == ["policy"]
 
 
+async def test_a_load_or_unload_answered_is_what_every_worker_serves_at_once(proxy, tmp_path):
+    """issue 31: right after a 200 load, /v1/models on some worker missed the adapter 15 times in 60; after an
+    unload it still listed it 11 times, and a chat naming it got a 200. The owner now answers only once every
+    worker applied the new map."""
+    path = str(write_adapter(tmp_path, "flip"))
+    for _ in range(12):
+        status, reply = await call("POST", proxy.url + "/v1/load_lora_adapter", json={"lora_name": "flip", "lora_path": path})
+        assert status == 200, reply
+        for _ in range(2):  # fresh connections: either worker
+            status, models = await call("GET", proxy.url + "/v1/models")
+            assert "flip" in [card["id"] for card in models["data"]]
+        status, reply = await call("POST", proxy.url + "/v1/unload_lora_adapter", json={"lora_name": "flip"})
+        assert status == 200, reply
+        for _ in range(2):
+            status, models = await call("GET", proxy.url + "/v1/models")
+            assert "flip" not in [card["id"] for card in models["data"]]
+            status, reply = await call("POST", proxy.url + "/v1/chat/completions",
+                                       json={"model": "flip", "messages": USER, "max_tokens": 2})
+            assert status == 404, reply
+
+
 async def sim_adapters(proxy: Proxy) -> set[str]:
     status, models = await call("GET", proxy.sim_url + "/v1/models")
     assert status == 200

@@ -7,6 +7,7 @@ Wiring expected: the chat endpoint reads `X-Session-ID` (or body `session_id`), 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from itertools import pairwise
@@ -211,3 +212,37 @@ async def test_turn_two_sent_as_soon_as_turn_one_streamed_still_continues(proxy)
     assert raw.headers["X-Session-Continuity"] == "hit"
     assert threads[0] is not threading.main_thread()  # turn 1's record ran (first), off the event loop
     await client.close()
+
+
+async def test_skyrl_finish_session_drops_the_turn_now(proxy):
+    """SkyRL's RemoteInferenceClient.finish_session: POST /finish_session?session_id=ID at a trajectory's end
+    (issue 31). The next turn of that session starts afresh; unknown ids are a no-op, as SkyRL expects."""
+    client = openai.AsyncOpenAI(base_url=str(proxy.make_url("/v1")), api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    r = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, extra_body=SAMPLING,
+                                             extra_headers={"X-Session-ID": "traj-1"})
+    store = proxy.app[SESSIONS]
+    for _ in range(100):  # recorded in the tokenizer executor after the reply
+        if len(store) == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert len(store) == 1
+    response = await proxy.post("/finish_session", params={"session_id": "traj-1"})
+    assert (response.status, await response.json()) == (200, {"session_id": "traj-1", "finished": True})
+    assert len(store) == 0
+    response = await proxy.post("/finish_session", params={"session_id": "never-seen"})
+    assert (response.status, await response.json()) == (200, {"session_id": "never-seen", "finished": False})
+    response = await proxy.post("/finish_session")
+    assert response.status == 400 and (await response.json())["error"]["param"] == "session_id"
+    messages += [r.choices[0].message.model_dump(), {"role": "user", "content": "Another one?"}]
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=16, extra_body=SAMPLING, extra_headers={"X-Session-ID": "traj-1"})
+    assert raw.headers["X-Session-Continuity"] == "fallback; reason=unknown_session"
+    await client.close()
+
+
+async def test_fetch_weights_is_a_501_that_says_how_weights_reach_sglang(proxy):
+    response = await proxy.post("/fetch_weights", json={})
+    body = await response.json()
+    assert response.status == 501
+    assert body["error"]["type"] == "NotImplementedError" and "/update_weights" in body["error"]["message"]

@@ -186,6 +186,29 @@ async def test_pause_in_place_and_retract_keep_requests(sim, mode, retractions):
     assert meta["num_retractions"] == retractions
 
 
+@pytest.mark.parametrize(("mode", "running", "waiting"), [("in_place", 2, 0), ("retract", 0, 2)])
+async def test_a_retract_pause_moves_running_requests_to_the_waiting_queue(sim, mode, running, waiting):
+    """As SGLang 0.5.17's Scheduler.pause_generation: retract empties the running batch (every request back
+    in the waiting queue, its KV freed), so a client that waits for zero running requests (TorchRL) gets
+    there; in_place leaves the batch as it is. /v1/loads, /get_load and /metrics agree (issue 31)."""
+    body = {"input_ids": FOX, "sampling_params": {**LONG, "max_new_tokens": 400}}
+    tasks = [post_json(sim, "/generate", body) for _ in range(2)]
+    await started(sim, 2)
+    assert await (await sim.post("/pause_generation", json={"mode": mode})).json() == PAUSED_OK
+    (core,) = (await (await sim.get("/v1/loads?include=core")).json())["loads"]
+    assert (core["num_running_reqs"], core["num_waiting_reqs"]) == (running, waiting)
+    assert (core["num_used_tokens"] == 0) is (mode == "retract")
+    (load,) = await (await sim.get("/get_load")).json()
+    assert (load["num_reqs"], load["num_waiting_reqs"]) == (2, waiting)
+    metrics = await (await sim.get("/metrics")).text()
+    assert [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+            if line.startswith(("sglang:num_running_reqs{", "sglang:num_queue_reqs{"))] == [running, waiting]
+    await sim.post("/continue_generation", json={})
+    for task in tasks:
+        _, raw = await task
+        assert orjson.loads(raw)["meta_info"]["finish_reason"] == {"type": "length", "length": 400}
+
+
 async def test_pause_rejects_an_unknown_mode(sim):
     response = await sim.post("/pause_generation", json={"mode": "sideways"})
     body = await response.json()

@@ -92,3 +92,54 @@ def test_forced_ids_decode_to_the_document(tokenizer_dir):
     schema = {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "number"}}}
     ids = forced_output_ids(json.dumps(schema), [1, 2, 3], lambda text: tokenizer.encode(text).ids)
     assert json.loads(tokenizer.decode(list(ids))) == {"q": "sim", "n": 1}
+
+
+# --- regex and ebnf (issue 31: they reached the simulator and were silently ignored) -----------------
+
+GRAMMAR = 'root ::= answer " " num\nanswer ::= "yes" | "no"\nnum ::= [1-9] [0-9]* ("." [0-9]+)?\n'
+
+
+@pytest.mark.parametrize("prompt", ["Call a tool.", "Another prompt, another branch", "x"])
+@pytest.mark.parametrize(("key", "value", "accepts"), [
+    ("regex", r"(yes|no|maybe)", lambda text: text in ("yes", "no", "maybe")),
+    ("regex", r"\d{3}-[a-z]+@\w+\.com", lambda text: __import__("re").fullmatch(r"\d{3}-[a-z]+@\w+\.com", text)),
+    ("ebnf", GRAMMAR, lambda text: __import__("re").fullmatch(r"(yes|no) [1-9][0-9]*(\.[0-9]+)?", text)),
+])
+async def test_regex_and_ebnf_outputs_are_accepted_texts(sim, aiohttp_client, prompt, key, value, accepts):
+    reply = await generate(sim, aiohttp_client, {key: value, "max_new_tokens": 50}, prompt)
+    assert accepts(reply["text"]), reply["text"]
+    assert reply["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+async def test_choices_follow_the_prompt(sim, aiohttp_client):
+    texts = {(await generate(sim, aiohttp_client, {"regex": "(red|green|blue)"}, prompt))["text"]
+             for prompt in ("a", "bb", "ccc", "dddd", "eeeee", "ffffff")}
+    assert len(texts) > 1 and texts <= {"red", "green", "blue"}
+
+
+@pytest.mark.parametrize(("key", "value", "start"), [
+    ("regex", "(unclosed", "Failed to compile regex grammar: "),
+    ("ebnf", "answer ::= \"x\"", "Failed to compile ebnf grammar: "),
+])
+async def test_a_constraint_that_does_not_compile_aborts_as_sglang_does(sim, aiohttp_client, key, value, start):
+    client = await aiohttp_client(sim)
+    response = await client.post("/generate", json={"text": "x", "sampling_params": {key: value}})
+    body = await response.json()
+    assert response.status == 400, body
+    assert body["error"]["message"].startswith(start), body
+
+
+@pytest.mark.parametrize(("structured", "accepts"), [
+    ({"choice": ["positive", "negative"]}, lambda text: text in ("positive", "negative")),
+    ({"regex": r"[A-Z]{2}\d"}, lambda text: __import__("re").fullmatch(r"[A-Z]{2}\d", text)),
+    ({"grammar": GRAMMAR}, lambda text: __import__("re").fullmatch(r"(yes|no) [1-9][0-9]*(\.[0-9]+)?", text)),
+])
+async def test_vllm_structured_outputs_through_the_proxy(sim, make_proxy, structured, accepts):
+    proxy = await make_proxy(sim)
+    response = await proxy.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Classify."}], "max_tokens": 30,
+        "structured_outputs": structured})
+    body = await response.json()
+    assert response.status == 200, body
+    assert accepts(body["choices"][0]["message"]["content"]), body
+    assert body["choices"][0]["finish_reason"] == "stop"

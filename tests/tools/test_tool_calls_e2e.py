@@ -357,7 +357,7 @@ def test_tool_call_streaming_flag(capsys):
     assert parse_settings(["--tool-call-streaming", "whole"]).tool_call_streaming == "whole"
     with pytest.raises(SystemExit):
         parse_settings(["--tool-call-streaming", "halves"])
-    assert "tool_call_streaming must be fragments or whole, got 'halves'" in capsys.readouterr().err
+    assert "--tool-call-streaming must be fragments or whole, got 'halves'" in capsys.readouterr().err
     root = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # tests/ may nest
     readme = (root / "README.md").read_text()
     assert "| `--tool-call-streaming` | `fragments` |" in readme

@@ -744,3 +744,13 @@ def test_qwen3_coder_fragments_join_to_the_parse_for_random_calls():
         text = f"<tool_call>\n<function=f>\n{params}</function>\n</tool_call>" * rng.choice([1, 2])
         want = [(c.name, c.arguments) for c in parsing.parse(text).tool_calls]
         assert _joined_fragments(parsing, _random_pieces(rng, text)) == want, text
+
+
+def test_hermes_a_literal_end_tag_inside_a_string_argument_neither_ends_nor_splits_the_call():
+    """issue 31: fragments mode sent half a call, then the next one, while the whole reply had only the next."""
+    text = (hermes_call("get_weather", {"city": "a </tool_call> b <tool_call> c", "days": 2}) + "\n"
+            + hermes_call("get_weather", {"city": "Paris", "days": 1}))
+    parsed = assert_stream_matches(auto("hermes"), text)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
+        ("get_weather", {"city": "a </tool_call> b <tool_call> c", "days": 2}),
+        ("get_weather", {"city": "Paris", "days": 1})]

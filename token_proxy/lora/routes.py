@@ -16,6 +16,7 @@ from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.metrics import AdapterCollector
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
+from token_proxy.lora.sync import MAP_PUBLISHED
 from token_proxy.lora.workers import LORA, LoraAdmin
 from token_proxy.sglang.workers import WORKERS
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
@@ -36,6 +37,7 @@ async def load_v1(request: web.Request) -> web.Response:
     if not isinstance(inplace, bool):
         raise InvalidRequest(f"load_inplace must be a boolean, got {inplace!r}", param="load_inplace")
     await request.app[LORA].load(name, path, inplace)
+    await visible_everywhere(request.app)
     return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
 
@@ -43,6 +45,7 @@ async def load_in_place(request: web.Request) -> web.Response:
     """prime-rl reloads one name with a new step's weights every step (its server forces load_inplace)."""
     name, path, _ = await _load_request(request)
     await request.app[LORA].load(name, path, inplace=True)
+    await visible_everywhere(request.app)
     return json_response({"status": "ok", "success": True, "error_message": None,
                           "loaded_adapters": loaded(request.app[ADAPTERS])})
 
@@ -50,11 +53,13 @@ async def load_in_place(request: web.Request) -> web.Response:
 async def unload_v1(request: web.Request) -> web.Response:
     name = await _unload_name(request)
     await request.app[LORA].unload(name)
+    await visible_everywhere(request.app)
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def unload_sglang(request: web.Request) -> web.Response:
     await request.app[LORA].unload(await _unload_name(request))
+    await visible_everywhere(request.app)
     return json_response({"success": True, "error_message": "", "loaded_adapters": loaded(request.app[ADAPTERS])})
 
 
@@ -63,6 +68,13 @@ async def _unload_name(request: web.Request) -> str:
     if not name:
         raise InvalidRequest("'lora_name' needs to be provided to unload a LoRA adapter.", param="lora_name")
     return name
+
+
+async def visible_everywhere(app: web.Application) -> None:
+    """With --workers N, answer a load or unload only once every serving process applied it (lora/sync.py)."""
+    published = app.get(MAP_PUBLISHED)
+    if published is not None:
+        await published()
 
 
 def loaded(registry: AdapterRegistry) -> dict[str, str]:

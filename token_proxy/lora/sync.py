@@ -17,13 +17,21 @@ import logging
 from dataclasses import dataclass, field
 
 import aiohttp
+from aiohttp import web
 
 from token_proxy.lora.registry import Adapter, AdapterRegistry, Lease
 
 log = logging.getLogger(__name__)
 
+# On the --workers owner: AdapterPublisher.published (set by serving/control.py). Absent in one process.
+MAP_PUBLISHED = web.AppKey("adapter_map_published", object)
+
 POLL_WAIT_S = 20.0  # a poll with nothing new returns after this long (then the worker asks again)
 RETRY_S = 0.5
+# How long a load or unload waits, before it answers, for every worker to apply the new map; a worker
+# that has not polled for longer than a poll can last is taken for gone and not waited for.
+PUBLISH_WAIT_S = 5.0
+GONE_AFTER_S = POLL_WAIT_S + 10
 
 
 # --- the owner's side ---------------------------------------------------------------------------
@@ -31,6 +39,8 @@ RETRY_S = 0.5
 @dataclass
 class _Pins:
     seq: int = -1  # the last report applied (older ones that arrive late are ignored)
+    seen: int = -1  # the map version the worker last said it applied
+    reported_at: float = 0.0  # loop time of its last report
     offered: dict[int, list[Lease]] = field(default_factory=dict)  # map version -> leases on its adapters
     held: dict[str, Lease] = field(default_factory=dict)  # internal name -> lease (in use there)
 
@@ -43,6 +53,7 @@ class AdapterPublisher:
         self.version = 0
         self._changed = asyncio.Event()
         self._workers: dict[int, _Pins] = {}
+        self._reported = asyncio.Event()
         registry.on_change = self._bump
 
     def _bump(self) -> None:
@@ -50,13 +61,33 @@ class AdapterPublisher:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    async def published(self, timeout_s: float = PUBLISH_WAIT_S) -> bool:
+        """Wait until every live worker applied the current map, so that a load or unload answered now is
+        what every process serves at once (vLLM answers from one process). False if one did not in time."""
+        version, loop = self.version, asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            now = loop.time()
+            behind = [w for w, pins in self._workers.items()
+                      if pins.seen < version and now - pins.reported_at < GONE_AFTER_S]
+            if not behind:
+                return True
+            if now >= deadline:
+                log.warning("LoRA adapter map %d not yet applied by --workers process(es) %s after %.0f s",
+                            version, behind, timeout_s)
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._reported.wait(), deadline - now)
+
     def report(self, worker: int, seq: int, seen: int, held: list[str]) -> None:
         """A worker applied map `seen` and its requests hold `held` now. New leases are taken before
         old ones end, so nothing it may use is unloaded in between."""
         pins = self._workers.setdefault(worker, _Pins())
         if seq <= pins.seq:
             return
-        pins.seq = seq
+        pins.seq, pins.seen, pins.reported_at = seq, max(pins.seen, seen), asyncio.get_running_loop().time()
+        self._reported.set()  # wakes every waiting `published`; the next report sets a new event
+        self._reported = asyncio.Event()
         known = {adapter.internal: adapter for adapter in self.registry.held()}
         for internal in held:
             if internal not in pins.held and internal in known:

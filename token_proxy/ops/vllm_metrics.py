@@ -120,9 +120,10 @@ class BackendMetrics:
         self._cache_config: dict[str, str] | None = None
 
     def set_cache_config(self, max_total_num_tokens: int, page_size: int) -> None:
-        """vLLM's KV capacity labels from SGLang's: blocks of page_size tokens (prime-rl reads
-        num_gpu_blocks x block_size as the KV capacity in tokens)."""
+        """vLLM's KV capacity labels from SGLang's: blocks of page_size tokens, and vLLM's kv_cache_size_tokens
+        (prime-rl reads kv_cache_size_tokens first, else num_gpu_blocks x block_size, as the KV capacity)."""
         self._cache_config = {"block_size": str(page_size), "num_gpu_blocks": str(max_total_num_tokens // page_size),
+                              "kv_cache_size_tokens": str(max_total_num_tokens),
                               "enable_prefix_caching": "True", "engine": "0"}
 
     def register(self, registry, prefix: str) -> None:

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
-from token_proxy.lora.sync import AdapterPublisher
+from token_proxy.lora.sync import MAP_PUBLISHED, AdapterPublisher
 from token_proxy.lora.workers import LORA
 from token_proxy.routes import ADMIN, INTERNAL, OWNER, Route, add_rows
 from token_proxy.serving.metrics_block import render_owner_block
@@ -55,5 +55,6 @@ def add_control_state(app: web.Application) -> None:
 
 
 async def _publisher(app: web.Application):
-    app[PUBLISHER] = AdapterPublisher(app[ADAPTERS])
+    publisher = app[PUBLISHER] = AdapterPublisher(app[ADAPTERS])
+    app[MAP_PUBLISHED] = publisher.published  # a load or unload answers once every worker applied it
     yield

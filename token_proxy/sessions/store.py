@@ -135,9 +135,10 @@ class SessionStore:
         if not future.cancelled() and future.exception() is not None:
             log.error("session turn not recorded", exc_info=future.exception())
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: str) -> bool:
+        """Drop the session's stored turn; False if none was held."""
         with self._lock:
-            self._drop(key, None)
+            return self._drop(key, None)
 
     def _fallback(self, key: str, codec: ChatCodec, full: str, reason: Fallback,
                   rendering: Rendering | None) -> SessionPlan:
@@ -184,12 +185,13 @@ class SessionStore:
             else:
                 return
 
-    def _drop(self, key: str, cause: str | None) -> None:
+    def _drop(self, key: str, cause: str | None) -> bool:
         entry = self._turns.pop(key, None)
         if entry is not None:
             self.nbytes -= entry[1].nbytes
             if cause:
                 self.stats.evictions[cause] += 1
+        return entry is not None
 
 
 def _turn(plan: SessionPlan, completion_ids: list[int], finish_reason: str, reply: dict) -> Turn:

@@ -1,4 +1,5 @@
-"""SGLang's `json_schema` constraint, simulated: the output is a JSON document that satisfies the schema.
+"""SGLang's constraints, simulated: for `json_schema` the output is a JSON document that satisfies the schema
+(`regex` and `ebnf`: a text they accept, grammar_text.py).
 
 Real SGLang masks logits with a grammar; the simulator instead picks one deterministic
 instance of the schema (varied by the prompt, so different prompts pick different
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+
+from token_proxy.simulator.grammar_text import ebnf_text, regex_text
 
 _MAX_DEPTH = 8
 
@@ -26,22 +29,37 @@ def forced_output_ids(json_schema: str, prompt: list[int], encode) -> tuple[int,
 
 
 def with_forced_outputs(sequences: list, encode, scripted_output: str | None = None) -> list:
-    """SequenceSpecs with `forced_ids` set where their sampling_params carry a json_schema
-    (or, for the others, to `scripted_output`'s ids when the simulator is configured with one).
+    """SequenceSpecs with `forced_ids` set where their sampling_params carry a constraint (json_schema,
+    regex or ebnf), or, for the others, to `scripted_output`'s ids when the simulator is configured with one.
 
-    A schema that does not compile aborts the request as SGLang's grammar manager does
-    (FINISH_ABORT, 400 BadRequestError, "Failed to compile json grammar: ...").
+    A constraint that does not compile aborts the request as SGLang's grammar manager does
+    (FINISH_ABORT, 400 BadRequestError, "Failed to compile json grammar: ...", "... regex grammar: ...").
     """
     scripted = tuple(encode(scripted_output)) if scripted_output else ()
-    return [_constrained(spec, encode) if spec.params.json_schema
+    return [_constrained(spec, encode) if _constraint(spec.params)
             else replace(spec, forced_ids=scripted) if scripted else spec for spec in sequences]
 
 
+def _constraint(params) -> tuple[str, str] | None:
+    """(SGLang's grammar key, its value): the one constraint a request may carry."""
+    for key in ("json_schema", "regex", "ebnf"):
+        if getattr(params, key):
+            return key, getattr(params, key)
+    return None
+
+
 def _constrained(spec, encode):
+    key, value = _constraint(spec.params)
+    seed = sum(spec.prompt) + len(spec.prompt)
     try:
-        return replace(spec, forced_ids=forced_output_ids(spec.params.json_schema, spec.prompt, encode))
+        if key == "json_schema":
+            forced = forced_output_ids(value, spec.prompt, encode)
+        else:
+            forced = tuple(encode(regex_text(value, seed) if key == "regex" else ebnf_text(value, seed)))
+        return replace(spec, forced_ids=forced)
     except ValueError as exc:
-        return replace(spec, input_error=f"Failed to compile json grammar: {exc}")
+        name = "json" if key == "json_schema" else key
+        return replace(spec, input_error=f"Failed to compile {name} grammar: {exc}")
 
 
 class _Instance:

@@ -92,14 +92,24 @@ def models_list(sim: SimState) -> dict:
     return {"object": "list", "data": [card, *adapters]}
 
 
+def queued(sim: SimState) -> tuple[list, list]:
+    """(running, waiting) as SGLang's scheduler holds them. A retract pause (Scheduler.pause_generation,
+    0.5.17) empties the running batch: every unfinished request goes back to the waiting queue and its KV
+    is freed, so a client waiting for zero running requests sees zero. An in-place pause keeps them."""
+    if sim.paused and sim.pause_mode == "retract":
+        return [], list(sim.running.values())
+    started = [s for s in sim.running.values() if s.started]
+    return started, [s for s in sim.running.values() if not s.started]
+
+
 def loads(sim: SimState) -> dict:
     """/v1/loads?include=core (every version; /get_load was its shim until 0.5.21). As the scheduler's
     load_inquirer: num_used_tokens are the running requests' tokens in the KV cache, num_total_tokens add
     the waiting requests' prompts."""
-    waiting = [s for s in sim.running.values() if not s.started]
-    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values() if s.started)
+    running, waiting = queued(sim)
+    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in running)
     total = used + sum(len(s.spec.prompt) for s in waiting)
-    core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(sim.running) - len(waiting),
+    core = {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": len(running),
             "num_waiting_reqs": len(waiting), "num_waiting_uncached_tokens": 0, "num_used_tokens": used,
             "num_total_tokens": total, "num_active_tokens": total,
             "num_prealloc_ready_tokens": 0, "max_total_num_tokens": MAX_TOTAL_NUM_TOKENS,

@@ -7,7 +7,7 @@ Values come from the simulator's state; a test pins any of them with `set_sglang
 
 from __future__ import annotations
 
-from token_proxy.simulator.info import MAX_TOTAL_NUM_TOKENS
+from token_proxy.simulator.info import MAX_TOTAL_NUM_TOKENS, queued
 from token_proxy.simulator.state import SimState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -75,12 +75,12 @@ def _series(name: str, kind: str, doc: str, labels: dict[str, str], value: float
 
 
 def _computed(sim: SimState) -> dict[str, float]:
-    waiting = sum(1 for s in sim.running.values() if not s.started)
-    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in sim.running.values() if s.started)
+    running, waiting = queued(sim)
+    used = sum(len(s.spec.prompt) + len(s.output_ids) for s in running)
     counters = sim.counters
     return {
-        "sglang:num_running_reqs": float(len(sim.running) - waiting),
-        "sglang:num_queue_reqs": float(waiting),
+        "sglang:num_running_reqs": float(len(running)),
+        "sglang:num_queue_reqs": float(len(waiting)),
         "sglang:num_grammar_queue_reqs": 0.0,
         "sglang:num_paused_reqs": 0.0,
         "sglang:num_retracted_reqs": 0.0,

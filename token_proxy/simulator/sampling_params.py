@@ -38,7 +38,9 @@ class SamplingParams:
     stream_interval: int = 1
     logit_bias: dict[int, float] = field(default_factory=dict)
     sampling_seed: int | None = None
-    json_schema: str | None = None  # honoured by simulator/constrained.py
+    json_schema: str | None = None  # honoured by simulator/constrained.py, as regex and ebnf
+    regex: str | None = None
+    ebnf: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -103,7 +105,8 @@ def _build(raw: dict) -> SamplingParams:
     values["stop_token_ids"] = frozenset(t for t in raw.get("stop_token_ids") or () if t is not None)
     values["logit_bias"] = _parse_logit_bias(raw.get("logit_bias"))
     values["stream_interval"] = raw.get("stream_interval") or 1
-    values["json_schema"] = raw.get("json_schema") or None
+    for key in ("json_schema", "regex", "ebnf"):
+        values[key] = raw.get(key) or None
     return SamplingParams(**values)
 
 

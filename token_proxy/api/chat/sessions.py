@@ -14,7 +14,8 @@ import time
 
 from aiohttp import web
 
-from token_proxy.http_io import response_headers
+from token_proxy.errors import InvalidRequest
+from token_proxy.http_io import json_response, read_json, response_headers
 from token_proxy.pipeline.output_rules import Output, Usage
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.sessions import (
@@ -26,6 +27,7 @@ from token_proxy.sessions import (
     SessionStore,
     TemplateCodec,
 )
+from token_proxy.sessions.keys import SESSION_ID_FIELD, SESSION_ID_HEADER, session_key
 from token_proxy.state import REGISTER_COLLECTOR, SETTINGS, ProxyContext
 from token_proxy.tokenization.renderer import ChatPrompt
 
@@ -41,6 +43,22 @@ def add_sessions(app: web.Application) -> None:
     store = SessionStore(settings.session_max_count, settings.session_ttl_s, settings.session_max_bytes)
     app[SESSIONS] = store
     app[REGISTER_COLLECTOR](SessionCollector(store))
+
+
+async def finish_session(request: web.Request) -> web.Response:
+    """SkyRL's `POST /finish_session?session_id=ID` (RemoteInferenceClient.finish_session, at the end of a
+    trajectory): the session's stored turn is dropped now rather than at its TTL. An unknown id, or sessions
+    off, is a no-op, as SkyRL's routers answer it. With --workers N each process keeps its own sessions: the
+    call drops the one this process holds (the others age out)."""
+    body = await read_json(request) if request.can_read_body else {}
+    key = session_key({SESSION_ID_HEADER: request.query[SESSION_ID_FIELD]} if SESSION_ID_FIELD in request.query
+                      else request.headers, body if isinstance(body, dict) else {})
+    if key is None:
+        raise InvalidRequest(f"{SESSION_ID_FIELD} is required (query, body or the {SESSION_ID_HEADER} header)",
+                             param=SESSION_ID_FIELD)
+    store = request.app.get(SESSIONS)
+    held = store is not None and store.forget(key)
+    return json_response({"session_id": key, "finished": bool(held)})
 
 
 class ChatSession:

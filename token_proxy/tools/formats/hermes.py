@@ -5,6 +5,8 @@ between and after calls is dropped), arguments are re-serialised with json.dumps
 call without `</tool_call>` counts once the output is final and its JSON is complete.
 A call whose JSON is malformed or lacks name/arguments is dropped (vLLM would return the
 whole output as content; a replayable stream cannot take back what it already sent).
+Unlike vLLM's regex, a `</tool_call>` inside a JSON string of the call does not end it: the call is
+parsed whole, so the stream (which sent its arguments as they came) and the whole reply agree.
 """
 
 from __future__ import annotations
@@ -43,12 +45,34 @@ def call_from_json(body: str) -> FunctionCall | None:
     return FunctionCall(obj["name"], dump_arguments(obj["arguments"]))
 
 
-def tagged_regions(text: str, start_tag: str, end_tag: str, final: bool) -> list[str]:
-    """The bodies of `start…end` regions; an unterminated last one only when final."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_OBJECT_START = re.compile(r"\s*\{")
+
+
+def json_region_end(text: str, body_start: int, end_tag: str) -> int:
+    """Where a region's end tag starts (-1: not yet). When the body is a JSON object, the first end tag
+    outside its strings: an argument may hold the literal tag (`{"s": "a </tool_call> b"}`), which must
+    neither end the call early nor split it in two. Otherwise the first end tag."""
+    if not _OBJECT_START.match(text, body_start):
+        return text.find(end_tag, body_start)
+    pos = body_start
+    while True:
+        end, quote = text.find(end_tag, pos), text.find('"', pos)
+        if quote < 0 or 0 <= end < quote:
+            return end
+        string = _STRING.match(text, quote)
+        if string is None:  # a string still arriving: the tag cannot come before it closes
+            return -1
+        pos = string.end()
+
+
+def tagged_regions(text: str, start_tag: str, end_tag: str, final: bool, json_bodies: bool = False) -> list[str]:
+    """The bodies of `start…end` regions; an unterminated last one only when final. `json_bodies`: an
+    end tag inside a JSON string of the body does not end it (json_region_end)."""
     bodies, pos = [], 0
     while (start := text.find(start_tag, pos)) >= 0:
         body_start = start + len(start_tag)
-        end = text.find(end_tag, body_start)
+        end = json_region_end(text, body_start, end_tag) if json_bodies else text.find(end_tag, body_start)
         if end < 0:
             if final:  # a partial end tag at the very end does not spoil the body
                 body = text[body_start:]
@@ -68,7 +92,7 @@ class HermesFormat:
 
     def scan(self, text: str, final: bool, tools: list | None) -> Scan:
         content = content_before(text, text.find(START), final, (START,))
-        calls = [call_from_json(body) for body in tagged_regions(text, START, END, final)]
+        calls = [call_from_json(body) for body in tagged_regions(text, START, END, final, json_bodies=True)]
         return Scan(content, [call for call in calls if call is not None])
 
     def progress(self, text: str, final: bool, tools: list | None, memo: dict | None = None) -> list[CallProgress]:
@@ -79,7 +103,7 @@ class HermesFormat:
         calls, pos = [], 0
         while (start := text.find(START, pos)) >= 0:
             body_start = start + len(START)
-            end = text.find(END, body_start)
+            end = json_region_end(text, body_start, END)
             body = text[body_start:] if end < 0 else text[body_start:end]
             if end < 0:
                 body = body[: len(body) - held_back(body, (END,))]
