@@ -38,6 +38,12 @@ def url_list(value: str) -> tuple[str, ...]:
     return tuple(url.strip().rstrip("/") for url in value.split(",") if url.strip())
 
 
+def several(value: str) -> str:
+    """A flag that takes one or more values, as vllm serve's --served-model-name and --api-key (its
+    environment variable: one value)."""
+    return value
+
+
 def flag_bool(value: str | bool) -> bool:
     if isinstance(value, bool):
         return value
@@ -70,7 +76,8 @@ FLAG_GROUPS = (
         ("--workers", "api_workers", int, ("serving processes sharing the port (SO_REUSEPORT), like vLLM's "
          "--api-server-count; raise it when the proxy's CPU nears one core (README: Several workers)")),
         ("--tokenizer", "tokenizer", str, "tokenizer directory or Hugging Face id"),
-        ("--served-model-name", "served_model_name", str, "the model name clients send and see"),
+        ("--served-model-name", "served_model_name", several, ("the model name(s) clients send; replies carry the "
+         "first")),
         ("--context-length", "context_length", int, "prompt + completion limit"),
         ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
         ("--prompt-cache-size", "prompt_cache_size", int, "rendered prompts kept in the LRU cache (0: off)"),
@@ -101,7 +108,7 @@ FLAG_GROUPS = (
         ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
     )),
     ("access", (
-        ("--api-key", "api_key", str, ("require Authorization: Bearer KEY on inference routes (prefer the "
+        ("--api-key", "api_key", several, ("require Authorization: Bearer KEY (one of the keys given) on inference routes (prefer the "
          "env var)")),
         ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
         ("--admin-open", "admin_open", flag_bool, ("without an admin key, let non-loopback clients use admin "
@@ -189,7 +196,7 @@ UNSET_MEANS = {
     "weight_dirs": "anywhere", "lora_modules": "none", "api_key": "none", "admin_key": "none",
     "tool_call_parser": "the one the chat template names", "reasoning_parser": "none",
 }
-_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH"}
+_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME"}
 
 
 def _shown_default(field: str, value) -> str:
@@ -245,8 +252,9 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
             # An environment value is converted in parse_settings (not by argparse, whose error would
             # blame the flag for a value the variable gave).
             default = FromEnv(environ[env]) if env in environ else getattr(defaults, field)
-            repeat = {"action": "append", "default": None} if kind in (url_list, lora_module) else {"default": default}
-            if kind is lora_module:
+            listed = kind in (url_list, lora_module, several)
+            repeat = {"action": "append", "default": None} if listed else {"default": default}
+            if kind in (lora_module, several):
                 repeat["nargs"] = "+"
             if kind is flag_bool:  # a bare `--enable-auto-tool-choice` (vLLM's spelling) means true
                 repeat.update(nargs="?", const=True)
@@ -310,11 +318,18 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
                     lora_module(item) for item in environ.get(env_name(flag), "").split(",") if item.strip())
             except argparse.ArgumentTypeError as exc:
                 parser.error(f"{env_name(flag)}: {exc}")
+        elif kind is several:  # one or more values on the command line, else the environment's one
+            given = [name for names in values[field] or () for name in names] or (
+                [environ[env_name(flag)]] if environ.get(env_name(flag)) else [])
+            values[field] = given[0] if len(given) == 1 else tuple(given) or None
         elif isinstance(values[field], FromEnv):
             try:
                 values[field] = kind(values[field].value)
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{env_name(flag)}: {exc}")
+    if isinstance(values["served_model_name"], tuple):  # vLLM: any of them is accepted, the first is answered
+        values["served_model_name"], *aliases = values["served_model_name"]
+        values["served_model_aliases"] = tuple(aliases)
     values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
     if values["backend_url"]:
         try:

@@ -23,6 +23,8 @@ class Settings:
     tokenizer: str | None = None
     # Model name clients send and see; None: the backend's served_model_name.
     served_model_name: str | None = None
+    # More names the model answers to (vllm serve --served-model-name A B C: B and C); replies say A.
+    served_model_aliases: tuple[str, ...] = ()
     # None: from the backend (/v1/models max_model_len, then /server_info).
     context_length: int | None = None
     # Whole-request budget for one SGLang call (seconds).
@@ -89,7 +91,7 @@ class Settings:
     shutdown_timeout_s: float = 30.0
     # Access. api_key guards inference routes; admin_key every weight, pause, memory and LoRA route.
     # With no admin key, admin routes answer only on loopback unless admin_open.
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | tuple[str, ...] | None = field(default=None, repr=False)  # several: any of them
     admin_key: str | None = field(default=None, repr=False)
     admin_open: bool = False
     # Tool calls and reasoning on the chat path (vLLM 0.33's flags). tool_call_parser: a TOOL_PARSERS

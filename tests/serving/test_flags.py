@@ -77,3 +77,26 @@ async def test_the_simulator_says_so_in_models_and_version_answers(make_sim, mak
     assert card["owned_by"] == "sglang-token-proxy-simulator (not a model: start with --backend)"
     response = await real.get("/version")
     assert (response.status, await response.json()) == (200, {"version": __version__})
+
+
+def test_several_served_model_names_and_api_keys_as_vllm_serve_takes_them():
+    settings = parse_settings(["--served-model-name", "policy", "qwen", "--api-key", "k1", "--api-key", "k2"], {})
+    assert (settings.served_model_name, settings.served_model_aliases, settings.api_key) == (
+        "policy", ("qwen",), ("k1", "k2"))
+    settings = parse_settings([], {"TOKEN_PROXY_API_KEY": "a,b", "TOKEN_PROXY_SERVED_MODEL_NAME": "m"})
+    assert (settings.served_model_name, settings.served_model_aliases, settings.api_key) == ("m", (), "a,b")
+
+
+async def test_every_served_name_is_accepted_and_replies_carry_the_first(make_sim, make_proxy):
+    sim = await make_sim()
+    proxy = await make_proxy(sim, served_model_name="policy", served_model_aliases=("qwen",), api_key=("k1", "k2"))
+    for model, key in (("policy", "k1"), ("qwen", "k2"), (None, "k2")):
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **({"model": model} if model else {})}
+        response = await proxy.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+        assert (response.status, (await response.json())["model"]) == (200, "policy")
+    response = await proxy.post("/v1/chat/completions", json={"model": "other", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                                headers={"Authorization": "Bearer k1"})
+    assert response.status == 404
+    response = await proxy.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                                headers={"Authorization": "Bearer k3"})
+    assert response.status == 401

@@ -31,7 +31,7 @@ class Forbidden(ProxyError):
 
 @dataclass(frozen=True, slots=True)
 class AccessPolicy:
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None  # several (vllm serve --api-key A B): any of them
     admin_key: str | None = None
     admin_open: bool = False  # with no admin key: let non-loopback clients reach admin routes
 
@@ -41,7 +41,8 @@ class AccessPolicy:
             return
         presented = _bearer(authorization)
         if kind in (INFERENCE, TOKENIZER):
-            if self.api_key and not _same(presented, self.api_key) and not _same(presented, self.admin_key):
+            keys = (self.api_key,) if isinstance(self.api_key, str) else self.api_key or ()
+            if keys and not any(_same(presented, key) for key in keys) and not _same(presented, self.admin_key):
                 raise Unauthorized("A valid API key is required (Authorization: Bearer <key>)")
             return
         if self.admin_key:

@@ -61,7 +61,7 @@ def resolve_model(app: web.Application, ctx: ProxyContext, requested: str | None
     """The request's `model` -> its target. Absent means the served model; otherwise a loaded adapter's
     name, or vLLM's 404 "The model `x` does not exist."."""
     served = ctx.backend.served_model_name
-    if requested is None or requested == served:
+    if requested is None or requested == served or requested in ctx.settings.served_model_aliases:
         return ModelTarget(served)
     registry = app.get(ADAPTERS)
     lease = registry.lease(requested) if registry is not None else None
