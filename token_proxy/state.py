@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from token_proxy.errors import BackendUnavailable
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
-from token_proxy.sglang.discovery import ON_FATAL, Connection
+from token_proxy.sglang.discovery import ON_FATAL, Connected, Connection
 from token_proxy.sglang.in_flight import Requests
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture
 from token_proxy.tokenization.loader import TokenizerInfo
@@ -40,7 +41,7 @@ class ProxyContext:
     started_at: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.connection = Connection(self.client, self.settings, self.executor, busy=lambda: self.requests.busy)
+        self.connection = Connection(self.client, self.settings, self.executor, busy=lambda: bool(self.requests.rids))
 
     # --- in flight (sglang/client.py's InFlight: client, in_flight, spawn) ---
     @property
@@ -72,30 +73,37 @@ class ProxyContext:
         return self.connection.fatal
 
     # --- what connecting learned (one frozen value; a 503 until it is known) ---
+    def _connected(self) -> Connected:
+        """Read here, not through Connection.get(): a plain chat runs no code of discovery.py."""
+        connected = self.connection.connected
+        if connected is None:
+            raise BackendUnavailable(self.connection.not_ready_reason)
+        return connected
+
     @property
     def picture(self) -> SGLangPicture:
-        return self.connection.get().picture
+        return self._connected().picture
 
     @property
     def backend(self) -> BackendInfo:
         """The facts every SGLang server behind the backend agrees on (picture.agreed)."""
-        return self.connection.get().picture.agreed
+        return self._connected().picture.agreed
 
     @property
     def tokenizer_info(self) -> TokenizerInfo:
-        return self.connection.get().tokenizer_info
+        return self._connected().tokenizer_info
 
     @property
     def renderer(self) -> PromptRenderer:
-        return self.connection.get().renderer
+        return self._connected().renderer
 
     @property
     def token_texts(self) -> TokenTexts:
-        return self.connection.get().token_texts
+        return self._connected().token_texts
 
     @property
     def tool_parser(self) -> str | None:
-        return self.connection.get().tool_parser
+        return self._connected().tool_parser
 
     @property
     def max_model_len(self) -> int:

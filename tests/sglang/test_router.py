@@ -54,7 +54,7 @@ async def make_router(make_sim, tokenizer_dir):
         port = free_port()
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
                "--worker-urls", *urls, "--policy", "round_robin", "--tokenizer-path", str(tokenizer_dir),
-               "--log-level", "warn"]
+               "--log-level", "warn", "--prometheus-port", str(free_port())]  # not 29000: routers run side by side
         process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
         processes.append(process)
         await wait_for_workers(f"http://127.0.0.1:{port}", len(sims), process)

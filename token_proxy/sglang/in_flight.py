@@ -20,7 +20,3 @@ class Requests:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
         return task
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.rids)
