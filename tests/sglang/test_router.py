@@ -42,6 +42,18 @@ async def wait_for_workers(url: str, count: int, process: subprocess.Popen, dead
     raise AssertionError(f"sglang-router at {url} never listed {count} healthy workers")
 
 
+async def metrics_line(proxy, line: str) -> bool:
+    return line in (await (await proxy.get("/metrics")).text()).splitlines()
+
+
+async def until_async(predicate, timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.05)):
+        if await predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition never became true")
+
+
 @pytest.fixture
 async def make_router(make_sim, tokenizer_dir):
     """`url, sims, urls = await make_router(*overrides)`: one simulator per SimConfig overrides dict,
@@ -84,6 +96,8 @@ async def test_admin_calls_reach_every_worker_behind_the_router(router, make_pro
     response = await proxy.post("/update_weights", json={"weight_dir": str(step)})
     assert (response.status, await response.json()) == (200, {"status": "ok", "weight_version": "2"})
     assert [s.app[SIM_STATE].weight_version for s in sims] == ["2", "2"]
+    # the gauge reads the version back from a worker (the router serves no /model_info)
+    await until_async(lambda: metrics_line(proxy, 'token_proxy_weight_version_info{weight_version="2"} 1.0'))
     assert await (await proxy.post("/resume")).json() == {"status": "resumed"}
     assert [s.app[SIM_STATE].paused for s in sims] == [False, False]
 

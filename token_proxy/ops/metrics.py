@@ -454,7 +454,16 @@ def _after_weight_update(request: web.Request, metrics: ProxyMetrics, endpoint: 
     if 200 <= status < 300:
         ctx = request.app.get(CONTEXT)
         if ctx is not None:
-            ctx.spawn(refresh_weight_version(ctx.client, metrics))
+            ctx.spawn(refresh_weight_version(version_client(ctx), metrics))
+
+
+def version_client(ctx):
+    """Where the weight version is read: the backend, or behind a router its first worker (a router
+    serves no /model_info)."""
+    connected = ctx.connection.connected
+    if connected is None or not connected.picture.behind_router:
+        return ctx.client
+    return ctx.client.at(connected.picture.worker_urls[0])
 
 
 async def refresh_weight_version(client, metrics: ProxyMetrics) -> None:
@@ -512,7 +521,7 @@ async def _scrape_forever(ctx, metrics: ProxyMetrics, interval: float, timeout: 
     restarted, with other weights), the weight version is read again at once. Whether SGLang answers at
     all is the proxy's outage signal (the connection's outage_began / outage_ended log it): a 404 is an
     answer. A page SGLang refuses is named once, after discovery (before it, a router's 404 says nothing)."""
-    client, conn = ctx.client, ctx.connection
+    conn = ctx.connection
     backend, was_up, warned = metrics.backend, True, False
     while True:
         try:
@@ -535,7 +544,7 @@ async def _scrape_forever(ctx, metrics: ProxyMetrics, interval: float, timeout: 
             log.exception("unreadable /metrics page from SGLang")
         if backend.up and not was_up:
             log.info("reading SGLang's /metrics again")
-            await refresh_weight_version(client, metrics)
+            await refresh_weight_version(version_client(ctx), metrics)
         was_up = backend.up
         await asyncio.sleep(interval)
 
