@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from token_proxy.errors import BackendUnavailable, ProxyError
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
@@ -56,8 +56,17 @@ async def discover(client: SGLangClient, settings: Settings) -> SGLangPicture:
     """Every generating server's facts (the backend itself, or the workers behind a router), agreed."""
     urls = await worker_urls(client, settings)
     servers = [client if url == client.base_url else client.at(url) for url in urls]
-    infos = await asyncio.gather(*(discover_one(server, settings) for server in servers))
-    picture = picture_of(client.base_url, dict(zip(urls, infos)))
+    found = await asyncio.gather(*(discover_one(server, settings) for server in servers), return_exceptions=True)
+    infos = {url: info for url, info in zip(urls, found) if isinstance(info, BackendInfo)}
+    for url, info in zip(urls, found):
+        if isinstance(info, BaseException) and not isinstance(info, (BackendUnavailable, BackendTimeout)):
+            raise info  # a worker that answers wrongly: the wait line says which
+    if not infos:
+        raise found[0]
+    for url, info in zip(urls, found):
+        if not isinstance(info, BackendInfo):  # one worker down must not keep the fleet's proxy from starting
+            log.warning("SGLang worker %s is left out of the proxy's picture of SGLang: %s", url, info.message)
+    picture = picture_of(client.base_url, infos)
     for disagreement in picture.disagreements:
         if not disagreement.fatal:
             log.log(disagreement.level, "%s", disagreement.line)
@@ -82,6 +91,8 @@ async def worker_urls(client: SGLangClient, settings: Settings) -> list[str]:
     except ProxyError:
         status, raw = 0, b""
     listed = _listed_urls(raw) if status == 200 else None  # a plain SGLang answers 404
+    if listed == []:
+        raise RuntimeError(f"the router at {client.base_url} lists no workers yet (GET /workers)")
     return listed or [client.base_url]
 
 
@@ -142,9 +153,12 @@ async def _first_json(client: SGLangClient, *paths: str) -> dict:
             data = await client.get_json(path)
             if isinstance(data, dict):
                 return data
+        except (BackendUnavailable, BackendTimeout):
+            raise  # no answer at all (discover leaves out a worker that is down)
         except ProxyError as exc:
             last = exc
-    raise RuntimeError(f"SGLang answered none of {paths}: {last.message if last else 'not an object'}")
+    raise RuntimeError(f"SGLang at {client.base_url} answered none of {paths}: "
+                       f"{last.message if last else 'not an object'}")
 
 
 # --- the connection's state ------------------------------------------------------------------------
