@@ -58,7 +58,7 @@ async def discover(client: SGLangClient, settings: Settings) -> SGLangPicture:
     servers = [client if url == client.base_url else client.at(url) for url in urls]
     found = await asyncio.gather(*(discover_one(server, settings) for server in servers), return_exceptions=True)
     infos = {url: info for url, info in zip(urls, found) if isinstance(info, BackendInfo)}
-    for url, info in zip(urls, found):
+    for info in found:
         if isinstance(info, BaseException) and not isinstance(info, (BackendUnavailable, BackendTimeout)):
             raise info  # a worker that answers wrongly: the wait line says which
     if not infos:
