@@ -19,7 +19,7 @@ from token_proxy.role import OWNER, ROLE, Role
 from token_proxy.routes import add_routes
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient, sglang_sessions
-from token_proxy.sglang.discovery import keep_connected
+from token_proxy.sglang.discovery import CONNECTION, keep_connected
 from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
 
 
@@ -60,6 +60,7 @@ async def _proxy_context(app: web.Application):
                               stream_coalesce_s=settings.stream_coalesce_ms / 1000,
                               on_retry=app[METRICS].upstream_retry)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
+        app[CONNECTION] = app[CONTEXT].connection
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
         connecting = asyncio.get_running_loop().create_task(keep_connected(app, adopt_library_loggers))
         yield

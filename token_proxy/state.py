@@ -1,38 +1,33 @@
 """The state handlers share, in one explicit place: ProxyContext (on the Application under typed keys).
 
-What start-up learns from SGLang (sglang/discovery.py: its BackendInfo, the tokenizer it names) is set
-here once, by `set_connected`. Until then the engine-facing fields raise BackendUnavailable (a 503
-naming the reason, `not_ready_reason`).
-
-This module sits below sglang/ (discovery connects a ProxyContext), so it names the client and the
-BackendInfo for type checking only.
+It holds three things, each owned below it in sglang/: the SGLang client, the connection
+(sglang/discovery.py's Connection: its status, and once connected one frozen value with SGLang's picture,
+sglang/picture.py, and the tokenizer it names), and the requests in flight (sglang/in_flight.py). Until
+SGLang is known the engine-facing fields raise BackendUnavailable (a 503 naming the reason,
+`not_ready_reason`). This module sits above sglang/ and below the handlers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable
 from token_proxy.settings import Settings
+from token_proxy.sglang.client import SGLangClient
+from token_proxy.sglang.discovery import ON_FATAL, Connected, Connection
+from token_proxy.sglang.in_flight import Requests
+from token_proxy.sglang.picture import BackendInfo, SGLangPicture
 from token_proxy.tokenization.loader import TokenizerInfo
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
 
-if TYPE_CHECKING:
-    from token_proxy.sglang.client import SGLangClient
-    from token_proxy.sglang.discovery import BackendInfo
-
-# The outage lines are about the connection: they keep the logger of the module that connects.
-log = logging.getLogger("token_proxy.sglang.discovery")
+__all__ = ["CONTEXT", "ON_FATAL", "REGISTER_COLLECTOR", "SETTINGS", "ProxyContext"]
 
 
 @dataclass(slots=True)
@@ -40,126 +35,83 @@ class ProxyContext:
     settings: Settings
     client: SGLangClient
     executor: Executor
-    last_error: str | None = None  # why SGLang is not connected yet
-    loading_tokenizer: str | None = None  # SGLang answered; this tokenizer is loading (a hub id may take long)
-    # Since when SGLang has been unreachable after it was connected (None: it is there); outage_began and
-    # outage_ended log the two edges, one line each.
-    outage_since: float | None = None
-    fatal: str | None = None  # a configuration error that ends the process (an unloadable tokenizer)
-    # Fire-and-forget work (upstream aborts) that must outlive a cancelled handler.
-    background: set[asyncio.Task] = field(default_factory=set)
-    # The SGLang rids of each request being served, by response id (sglang/client.py's aborting_on_exit;
-    # vLLM's /abort_requests).
-    in_flight: dict[str, list[str]] = field(default_factory=dict)
+    # The SGLang rids being served and the work that outlives a cancelled handler (aborting_on_exit's).
+    requests: Requests = field(default_factory=Requests)
+    connection: Connection = field(init=False)
     started_at: int = field(default_factory=lambda: int(time.time()))
-    # What connecting learned (set together by set_connected; None until then).
-    _backend: BackendInfo | None = field(default=None, init=False)
-    _tokenizer_info: TokenizerInfo | None = field(default=None, init=False)
-    _renderer: PromptRenderer | None = field(default=None, init=False)
-    _token_texts: TokenTexts | None = field(default=None, init=False)
-    _tool_parser: str | None = field(default=None, init=False)  # --tool-call-parser, else the template's
-    _ready_hooks: list[Callable[[BackendInfo], None]] = field(default_factory=list, init=False)
 
-    def spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
+    def __post_init__(self) -> None:
+        self.connection = Connection(self.client, self.settings, self.executor, busy=lambda: bool(self.requests.rids))
 
+    # --- in flight (sglang/client.py's InFlight: client, in_flight, spawn) ---
+    @property
+    def in_flight(self) -> dict[str, list[str]]:
+        return self.requests.rids
+
+    @property
+    def background(self) -> set[asyncio.Task]:
+        return self.requests.background
+
+    def spawn(self, coro: Coroutine) -> asyncio.Task:
+        return self.requests.spawn(coro)
+
+    # --- the connection ---
     @property
     def connected(self) -> bool:
         """SGLang is discovered and its tokenizer loaded: the data path can serve."""
-        return self._backend is not None
+        return self.connection.connected is not None
 
     def when_ready(self, hook: Callable[[BackendInfo], None]) -> None:
-        """Run `hook(backend)` once SGLang is known (at once if it already is)."""
-        if self._backend is not None:
-            hook(self._backend)
-        else:
-            self._ready_hooks.append(hook)
-
-    def set_connected(self, backend: BackendInfo, tokenizer_info: TokenizerInfo, renderer: PromptRenderer,
-                      token_texts: TokenTexts, tool_parser: str | None = None) -> None:
-        self._tokenizer_info, self._renderer, self._token_texts = tokenizer_info, renderer, token_texts
-        self._tool_parser, self._backend, self.last_error = tool_parser, backend, None
-        hooks, self._ready_hooks = self._ready_hooks, []
-        for hook in hooks:
-            hook(backend)
+        self.connection.when_ready(hook)
 
     @property
     def not_ready_reason(self) -> str | None:
-        """None when the data path can serve; else why not (what /health and every 503 say)."""
-        if self._backend is not None:
-            return None
-        if self.fatal:
-            return f"The proxy cannot serve: {self.fatal}"
-        if self.loading_tokenizer:
-            return (f"The proxy is loading the tokenizer {self.loading_tokenizer!r} (SGLang at "
-                    f"{self.client.base_url} is up){_hub_hint(self.loading_tokenizer)}")
-        why = f": {self.last_error}" if self.last_error else ""
-        return f"The proxy is not connected to SGLang at {self.client.base_url} yet{why}"
+        return self.connection.not_ready_reason
 
-    def outage_began(self, reason: str, clock=time.monotonic) -> None:
-        """SGLang stopped answering after it was connected (the /metrics reader noticed): one warning."""
-        if self._backend is None or self.outage_since is not None:
-            return  # before the first connection the wait lines say it; during an outage it was said
-        self.outage_since = clock()
-        log.warning("lost SGLang: %s (requests get 503 until it answers again)", reason)
+    @property
+    def fatal(self) -> str | None:
+        return self.connection.fatal
 
-    def outage_ended(self, clock=time.monotonic) -> None:
-        if self.outage_since is not None:
-            log.info("SGLang at %s answers again (after %.0f s unreachable)", self.client.base_url,
-                     clock() - self.outage_since)
-            self.outage_since = None
+    # --- what connecting learned (one frozen value; a 503 until it is known) ---
+    def _connected(self) -> Connected:
+        """Read here, not through Connection.get(): a plain chat runs no code of discovery.py."""
+        connected = self.connection.connected
+        if connected is None:
+            raise BackendUnavailable(self.connection.not_ready_reason)
+        return connected
 
-    def _unavailable(self) -> BackendUnavailable:
-        return BackendUnavailable(self.not_ready_reason)
+    @property
+    def picture(self) -> SGLangPicture:
+        return self._connected().picture
 
     @property
     def backend(self) -> BackendInfo:
-        if self._backend is None:
-            raise self._unavailable()
-        return self._backend
+        """The facts every SGLang server behind the backend agrees on (picture.agreed)."""
+        return self._connected().picture.agreed
 
     @property
     def tokenizer_info(self) -> TokenizerInfo:
-        if self._tokenizer_info is None:
-            raise self._unavailable()
-        return self._tokenizer_info
+        return self._connected().tokenizer_info
 
     @property
     def renderer(self) -> PromptRenderer:
-        if self._renderer is None:
-            raise self._unavailable()
-        return self._renderer
+        return self._connected().renderer
 
     @property
     def token_texts(self) -> TokenTexts:
-        if self._token_texts is None:
-            raise self._unavailable()
-        return self._token_texts
+        return self._connected().token_texts
 
     @property
     def tool_parser(self) -> str | None:
-        if self._backend is None:
-            raise self._unavailable()
-        return self._tool_parser
+        return self._connected().tool_parser
 
     @property
     def max_model_len(self) -> int:
         return self.backend.max_model_len
 
 
-def _hub_hint(tokenizer: str) -> str:
-    if os.path.isdir(tokenizer):
-        return ""
-    return (": a Hugging Face hub id, downloaded unless cached (HF_HOME); with no network, mount the model "
-            "directory and pass --tokenizer DIR")
-
-
 SETTINGS = web.AppKey("settings", Settings)
 CONTEXT = web.AppKey("context", ProxyContext)
-# Called with the message when connecting hits a configuration error (the CLI stops the server).
-ON_FATAL = web.AppKey("on_fatal", Callable)
 # register(collector): puts a prometheus collector of a module below ops/ (sessions, LoRA adapters: their own
 # counters, read at scrape time) on /metrics. ops/metrics.py sets it; absent, nothing is registered.
 REGISTER_COLLECTOR = web.AppKey("register_collector", Callable)

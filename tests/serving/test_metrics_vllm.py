@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.serving.test_metrics import until
 from tests.support.golden import golden_file
-from token_proxy.ops.vllm_metrics import BackendMetrics, derive, parse_sglang
+from token_proxy.ops.vllm_metrics import BackendMetrics, derive, merge_pages, parse_sglang
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import metrics_text, set_sglang_metrics
 
@@ -136,6 +136,18 @@ def test_ranks_of_one_scheduler_count_once_and_dp_ranks_add_up():
     assert values["vllm:num_requests_running"] == 5
     assert values["vllm:kv_cache_usage_perc"] == 0.5
     assert "vllm:num_requests_waiting" not in values  # a gauge SGLang did not report is not invented
+
+
+def test_the_pages_of_several_servers_add_up_and_the_fullest_cache_counts():
+    """Behind sglang-router every worker's page is read (issue 28): the same labels on two servers are two
+    samples, not one."""
+    pages = [f'sglang:num_running_reqs{{model_name="m"}} {running}.0\nsglang:token_usage{{model_name="m"}} {usage}\n'
+             f'sglang:prompt_tokens_total{{model_name="m"}} {prompt}.0'
+             for running, usage, prompt in ((2, 0.25, 10), (3, 0.75, 5))]
+    values = derive(merge_pages(pages))
+    assert (values["vllm:num_requests_running"], values["vllm:kv_cache_usage_perc"],
+            values["vllm:prompt_tokens"]) == (5.0, 0.75, 15.0)
+    assert merge_pages(pages[:1]) == parse_sglang(pages[0])
 
 
 def test_simulator_metrics_use_real_sglang_names_and_labels(tokenizer_dir):

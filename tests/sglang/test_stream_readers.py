@@ -12,10 +12,10 @@ import pytest
 from token_proxy.errors import BackendError, BackendTimeout
 from token_proxy.sglang import client as client_module
 from token_proxy.sglang.deadline import IDLE_MESSAGE, Deadline
-from token_proxy.sglang.discovery import CONTEXT
 from token_proxy.sglang.events import DONE_EVENT, EventDecoder
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.testing import stream_events
+from token_proxy.state import CONTEXT
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -454,7 +454,16 @@ def _after_weight_update(request: web.Request, metrics: ProxyMetrics, endpoint: 
     if 200 <= status < 300:
         ctx = request.app.get(CONTEXT)
         if ctx is not None:
-            ctx.spawn(refresh_weight_version(ctx.client, metrics))
+            ctx.spawn(refresh_weight_version(version_client(ctx), metrics))
+
+
+def version_client(ctx):
+    """Where the weight version is read: the backend, or behind a router its first worker (a router
+    serves no /model_info)."""
+    connected = ctx.connection.connected
+    if connected is None or not connected.picture.behind_router:
+        return ctx.client
+    return ctx.client.at(connected.picture.worker_urls[0])
 
 
 async def refresh_weight_version(client, metrics: ProxyMetrics) -> None:
@@ -507,22 +516,26 @@ async def backend_metrics(app: web.Application):
 
 
 async def _scrape_forever(ctx, metrics: ProxyMetrics, interval: float, timeout: float) -> None:
-    """Reads SGLang's /metrics for the vllm: view. When SGLang answers again after failing (it may have
+    """Reads SGLang's /metrics for the vllm: view: the backend's, or behind an sglang-router (which serves
+    none) each worker's, added up (_read_pages). When SGLang answers again after failing (it may have
     restarted, with other weights), the weight version is read again at once. Whether SGLang answers at
-    all is the proxy's outage signal (ctx.outage_began / outage_ended log it): a 404 is an answer."""
-    client = ctx.client
-    backend, was_up = metrics.backend, True
+    all is the proxy's outage signal (the connection's outage_began / outage_ended log it): a 404 is an
+    answer. A page SGLang refuses is named once, after discovery (before it, a router's 404 says nothing)."""
+    conn = ctx.connection
+    backend, was_up, warned = metrics.backend, True, False
     while True:
         try:
-            backend.update(await client.metrics_text(timeout))
-            ctx.outage_ended()
+            backend.update_many(await _read_pages(ctx, timeout))
+            conn.outage_ended()
+            warned = False
         except (BackendUnavailable, BackendTimeout) as exc:  # no answer: SGLang is gone, or not there yet
             backend.failed()
-            ctx.outage_began(exc.message)
+            conn.outage_began(exc.message)
         except ProxyError as exc:
             backend.failed()
-            ctx.outage_ended()
-            if was_up:
+            conn.outage_ended()
+            if not warned and conn.connected is not None:
+                warned = True
                 hint = (" (start SGLang with --enable-metrics)" if "HTTP 404" in exc.message
                         else "; the vllm: view goes stale")
                 log.warning("cannot read SGLang's /metrics: %s%s", exc.message, hint)
@@ -531,9 +544,31 @@ async def _scrape_forever(ctx, metrics: ProxyMetrics, interval: float, timeout: 
             log.exception("unreadable /metrics page from SGLang")
         if backend.up and not was_up:
             log.info("reading SGLang's /metrics again")
-            await refresh_weight_version(client, metrics)
+            await refresh_weight_version(version_client(ctx), metrics)
         was_up = backend.up
         await asyncio.sleep(interval)
+
+
+async def _read_pages(ctx, timeout: float) -> list[str]:
+    """The backend's /metrics page, or behind a router every worker's (the router's port serves none).
+    All workers unreachable is an outage; one worker failing is a ProxyError naming it."""
+    connected = ctx.connection.connected
+    if connected is None or not connected.picture.behind_router:
+        return [await ctx.client.metrics_text(timeout)]
+    urls = connected.picture.worker_urls
+    pages = await asyncio.gather(*(ctx.client.at(url).metrics_text(timeout) for url in urls),
+                                 return_exceptions=True)
+    failed = [(url, page) for url, page in zip(urls, pages) if isinstance(page, BaseException)]
+    for _url, exc in failed:
+        if not isinstance(exc, ProxyError):
+            raise exc
+    if failed and len(failed) == len(urls) and all(isinstance(e, (BackendUnavailable, BackendTimeout))
+                                                   for _, e in failed):
+        raise failed[0][1]
+    if failed:
+        url, exc = failed[0]
+        raise ProxyError(f"worker {url}: {exc.message}")
+    return pages
 
 
 def add_observability(app: web.Application) -> None:

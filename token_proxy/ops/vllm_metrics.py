@@ -75,6 +75,19 @@ def parse_sglang(text: str) -> dict[str, dict[tuple, float]]:
     return found
 
 
+def merge_pages(pages: list[str]) -> dict[str, dict[tuple, float]]:
+    """parse_sglang of several servers' pages, each sample keyed by its server too (none is lost)."""
+    if len(pages) == 1:
+        return parse_sglang(pages[0])
+    merged: dict[str, dict[tuple, float]] = {}
+    for server, page in enumerate(pages):
+        for name, groups in parse_sglang(page).items():
+            into = merged.setdefault(name, {})
+            for key, value in groups.items():
+                into[(("server", str(server)), *key)] = value
+    return merged
+
+
 def _split(line: str, brace: int) -> tuple[list[tuple[str, str]], float | None]:
     if brace >= 0:
         close = line.rfind("}")
@@ -133,7 +146,12 @@ class BackendMetrics:
         registry.register(self)
 
     def update(self, text: str) -> None:
-        self._values = derive(parse_sglang(text))
+        self.update_many([text])
+
+    def update_many(self, pages: list[str]) -> None:
+        """One read of every SGLang server's page (several behind a router): their samples added up
+        (kv usage: the fullest), as data-parallel ranks of one server are."""
+        self._values = derive(merge_pages(pages))
         self._last_ok = self._clock()
         self._last_ok_unix = time.time()
         self.up = True

@@ -1,29 +1,41 @@
-"""The connection to SGLang: what start-up learns from it (discovery: BackendInfo and the tokenizer it
-names) and the loop that connects, setting it on the shared ProxyContext (state.py).
+"""The connection to SGLang: what start-up learns from the servers that generate (an SGLangPicture,
+sglang/picture.py: each server's facts and the agreed ones) and the tokenizer it names, and the loop that
+connects, holding the result and the connection's status in one Connection (ProxyContext reads it).
+
+Behind an sglang-router (the --worker flags, else the servers the router lists at /workers) every worker's
+/model_info, /server_info and /v1/models are read: the router's own /server_info has none of their settings.
+A worker that differs from the first is named in one line (picture.agree says which value is used; a fleet
+that disagrees on the stream mode cannot be served and is a configuration error). A single SGLang is read
+at its own URL.
 
 The port opens at once. Until the first successful discovery the engine-facing fields raise
 BackendUnavailable (a 503 naming the reason); the loop keeps trying, with a capped backoff, and
 says what went wrong each time (connection refused, HTTP status N, timeout). A tokenizer that
 cannot be loaded is a configuration error, not a wait: the loop stops and reports it as fatal.
+Outages after connecting (the /metrics reader notices) are logged here too, one line per edge.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from token_proxy.errors import ProxyError
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
-from token_proxy.sglang.versions import KNOWN_RANGE, VERIFIED_FEATURES, SGLangFeatures, features_for
-from token_proxy.state import CONTEXT, ON_FATAL, ProxyContext
+from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
+from token_proxy.sglang.versions import KNOWN_RANGE, features_for
+from token_proxy.sglang.workers import DISCOVERY_TIMEOUT_S, _listed_urls
 from token_proxy.tokenization.loader import (
+    TokenizerInfo,
     describe_tokenizer,
     load_tokenizer,
     tokenizer_dir_problem,
@@ -34,36 +46,65 @@ from token_proxy.tools import choose_tool_parser
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CONNECTION", "ON_FATAL", "BackendInfo", "Connected", "Connection", "SGLangPicture", "discover",
+           "keep_connected", "wait_until_connected"]
+
 
 # --- what SGLang says about itself -------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class BackendInfo:
-    served_model_name: str
-    tokenizer_path: str
-    max_model_len: int
-    # SGLang's --incremental-streaming-output: stream events carry deltas, not everything so far.
-    incremental_stream: bool
-    weight_version: str | None = None
-    model_path: str | None = None  # what SGLang loaded at start (what /reload_weights returns to)
-    # SGLang refuses prompts of max_req_input_len tokens or more (context - 6 by default).
-    max_prompt_len: int | None = None
-    # SGLang reads sampling_seed only with --enable-deterministic-inference; otherwise it ignores it.
-    honours_seed: bool = False
-    # KV capacity (tokens) and page size: vLLM's cache_config_info as num_gpu_blocks x block_size.
-    max_total_num_tokens: int | None = None
-    page_size: int = 1
-    # The API generation (server_info `version`): what differs between SGLang releases (sglang_api.py).
-    api: SGLangFeatures = VERIFIED_FEATURES
+async def discover(client: SGLangClient, settings: Settings) -> SGLangPicture:
+    """Every generating server's facts (the backend itself, or the workers behind a router), agreed."""
+    urls = await worker_urls(client, settings)
+    servers = [client if url == client.base_url else client.at(url) for url in urls]
+    found = await asyncio.gather(*(discover_one(server, settings) for server in servers), return_exceptions=True)
+    infos = {url: info for url, info in zip(urls, found) if isinstance(info, BackendInfo)}
+    for info in found:
+        if isinstance(info, BaseException) and not isinstance(info, (BackendUnavailable, BackendTimeout)):
+            raise info  # a worker that answers wrongly: the wait line says which
+    if not infos:
+        raise found[0]
+    for url, info in zip(urls, found):
+        if not isinstance(info, BackendInfo):  # one worker down must not keep the fleet's proxy from starting
+            log.warning("SGLang worker %s is left out of the proxy's picture of SGLang: %s", url, info.message)
+    picture = picture_of(client.base_url, infos)
+    for disagreement in picture.disagreements:
+        if not disagreement.fatal:
+            log.log(disagreement.level, "%s", disagreement.line)
+    fatal = [d.line for d in picture.disagreements if d.fatal]
+    if fatal:
+        raise FleetMismatch("; ".join(fatal))
+    info = picture.agreed
+    if not info.incremental_stream:
+        log.warning("SGLang streams cumulatively (every event repeats the whole output): the proxy "
+                    "does O(n^2) work per stream. Start SGLang with --incremental-streaming-output.")
+    if not info.api.exact:
+        log.warning("%s: the proxy knows SGLang %s to %s", info.api.describe(), *KNOWN_RANGE)
+    return picture
 
 
-async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
+async def worker_urls(client: SGLangClient, settings: Settings) -> list[str]:
+    """The servers that generate: the --worker flags, else those the router lists, else the backend."""
+    if settings.workers:
+        return [url.rstrip("/") for url in settings.workers]
+    try:
+        status, raw, _ = await client.call("GET", "/workers", None, DISCOVERY_TIMEOUT_S)
+    except ProxyError:
+        status, raw = 0, b""
+    listed = _listed_urls(raw) if status == 200 else None  # a plain SGLang answers 404
+    if listed == []:
+        raise RuntimeError(f"the router at {client.base_url} lists no workers yet (GET /workers)")
+    return listed or [client.base_url]
+
+
+async def discover_one(client: SGLangClient, settings: Settings) -> BackendInfo:
+    """One server's facts, from its /model_info, /server_info and /v1/models."""
     model_info = await _first_json(client, "/model_info", "/get_model_info")
     server_info = await _first_json(client, "/server_info", "/get_server_info")
     tokenizer = settings.tokenizer or model_info.get("tokenizer_path") or model_info.get("model_path")
     if not tokenizer:
-        raise RuntimeError("SGLang reports no tokenizer_path; pass --tokenizer")
-    info = BackendInfo(
+        raise RuntimeError(f"SGLang at {client.base_url} reports no tokenizer_path; pass --tokenizer")
+    metrics = server_info.get("enable_metrics")
+    return BackendInfo(
         served_model_name=settings.served_model_name or server_info.get("served_model_name")
         or model_info.get("model_path") or "default",
         tokenizer_path=tokenizer,
@@ -77,13 +118,8 @@ async def discover(client: SGLangClient, settings: Settings) -> BackendInfo:
         max_total_num_tokens=_positive_int(server_info.get("max_total_num_tokens")),
         page_size=_positive_int(server_info.get("page_size")) or 1,
         api=features_for(server_info.get("version")),
+        metrics_enabled=metrics if isinstance(metrics, bool) else None,
     )
-    if not info.incremental_stream:
-        log.warning("SGLang streams cumulatively (every event repeats the whole output): the proxy "
-                    "does O(n^2) work per stream. Start SGLang with --incremental-streaming-output.")
-    if not info.api.exact:
-        log.warning("%s: the proxy knows SGLang %s to %s", info.api.describe(), *KNOWN_RANGE)
-    return info
 
 
 def _positive_int(value) -> int | None:
@@ -106,7 +142,7 @@ async def _context_length(client: SGLangClient, server_info: dict) -> int:
         log.info("no /v1/models on SGLang (%s); using server_info", exc.message)
     if isinstance(server_info.get("context_length"), int):
         return server_info["context_length"]
-    raise RuntimeError("cannot learn the context length from SGLang; pass --context-length")
+    raise RuntimeError(f"cannot learn the context length from SGLang at {client.base_url}; pass --context-length")
 
 
 async def _first_json(client: SGLangClient, *paths: str) -> dict:
@@ -117,9 +153,96 @@ async def _first_json(client: SGLangClient, *paths: str) -> dict:
             data = await client.get_json(path)
             if isinstance(data, dict):
                 return data
+        except (BackendUnavailable, BackendTimeout):
+            raise  # no answer at all (discover leaves out a worker that is down)
         except ProxyError as exc:
             last = exc
-    raise RuntimeError(f"SGLang answered none of {paths}: {last.message if last else 'not an object'}")
+    raise RuntimeError(f"SGLang at {client.base_url} answered none of {paths}: "
+                       f"{last.message if last else 'not an object'}")
+
+
+# --- the connection's state ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """What connecting learned, set once and together: SGLang's picture and the tokenizer it names."""
+
+    picture: SGLangPicture
+    tokenizer_info: TokenizerInfo
+    renderer: PromptRenderer
+    token_texts: TokenTexts
+    tool_parser: str | None  # --tool-call-parser, else the template's
+
+
+@dataclass(slots=True)
+class Connection:
+    """The connection to SGLang: its status while connecting, what connecting learned (`connected`, one
+    frozen value), and the outage edges afterwards."""
+
+    client: SGLangClient
+    settings: Settings
+    executor: Executor
+    busy: Callable[[], bool] = lambda: False  # requests are being served (the renderer's cache may wait)
+    last_error: str | None = None  # why SGLang is not connected yet
+    loading_tokenizer: str | None = None  # SGLang answered; this tokenizer is loading (a hub id may take long)
+    fatal: str | None = None  # a configuration error that ends the process (an unloadable tokenizer)
+    # Since when SGLang has been unreachable after it was connected (None: it is there); outage_began and
+    # outage_ended log the two edges, one line each.
+    outage_since: float | None = None
+    connected: Connected | None = None
+    _ready_hooks: list[Callable[[BackendInfo], None]] = field(default_factory=list)
+
+    def when_ready(self, hook: Callable[[BackendInfo], None]) -> None:
+        """Run `hook(agreed backend)` once SGLang is known (at once if it already is)."""
+        if self.connected is not None:
+            hook(self.connected.picture.agreed)
+        else:
+            self._ready_hooks.append(hook)
+
+    def set_connected(self, connected: Connected) -> None:
+        self.connected, self.last_error = connected, None
+        hooks, self._ready_hooks = self._ready_hooks, []
+        for hook in hooks:
+            hook(connected.picture.agreed)
+
+    def get(self) -> Connected:
+        """What connecting learned, or the 503 that says why it is not known yet."""
+        if self.connected is None:
+            raise BackendUnavailable(self.not_ready_reason)
+        return self.connected
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        """None when the data path can serve; else why not (what /health and every 503 say)."""
+        if self.connected is not None:
+            return None
+        if self.fatal:
+            return f"The proxy cannot serve: {self.fatal}"
+        if self.loading_tokenizer:
+            return (f"The proxy is loading the tokenizer {self.loading_tokenizer!r} (SGLang at "
+                    f"{self.client.base_url} is up){_hub_hint(self.loading_tokenizer)}")
+        why = f": {self.last_error}" if self.last_error else ""
+        return f"The proxy is not connected to SGLang at {self.client.base_url} yet{why}"
+
+    def outage_began(self, reason: str, clock=time.monotonic) -> None:
+        """SGLang stopped answering after it was connected (the /metrics reader noticed): one warning."""
+        if self.connected is None or self.outage_since is not None:
+            return  # before the first connection the wait lines say it; during an outage it was said
+        self.outage_since = clock()
+        log.warning("lost SGLang: %s (requests get 503 until it answers again)", reason)
+
+    def outage_ended(self, clock=time.monotonic) -> None:
+        if self.outage_since is not None:
+            log.info("SGLang at %s answers again (after %.0f s unreachable)", self.client.base_url,
+                     clock() - self.outage_since)
+            self.outage_since = None
+
+
+def _hub_hint(tokenizer: str) -> str:
+    if os.path.isdir(tokenizer):
+        return ""
+    return (": a Hugging Face hub id, downloaded unless cached (HF_HOME); with no network, mount the model "
+            "directory and pass --tokenizer DIR")
 
 
 # --- connecting --------------------------------------------------------------------------------
@@ -128,7 +251,11 @@ class TokenizerLoadError(Exception):
     """The tokenizer cannot be loaded here: a configuration error, not something to wait out."""
 
 
-async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monotonic,
+class FleetMismatch(TokenizerLoadError):
+    """The workers behind the router disagree on something no request can survive (the stream mode)."""
+
+
+async def connect(conn: Connection, max_delay_s: float = 5.0, clock=time.monotonic,
                   before_load: Callable[[], None] | None = None) -> None:
     """Retry (with a capped backoff) until SGLang is healthy and discovered. Logs each wait at INFO
     until `settings.backend_wait_s` has passed, then at WARNING. An unloadable tokenizer raises.
@@ -136,19 +263,20 @@ async def connect(ctx: ProxyContext, max_delay_s: float = 5.0, clock=time.monoto
     start, delay = clock(), 0.2
     while True:
         try:
-            problem = await ctx.client.health_problem()
+            problem = await conn.client.health_problem()
             if problem is None:
-                await _connect_once(ctx, before_load)
-                log.info("serving %s (context %d) from %s: %s", ctx.backend.served_model_name,
-                         ctx.backend.max_model_len, ctx.client.base_url, ctx.backend.api.describe())
+                await _connect_once(conn, before_load)
+                picture = conn.get().picture
+                log.info("serving %s (context %d): %s", picture.agreed.served_model_name,
+                         picture.agreed.max_model_len, picture.describe())
                 return
-            ctx.last_error = f"its /health: {health_hint(problem, ctx.client.base_url)}"
+            conn.last_error = f"its /health: {health_hint(problem, conn.client.base_url)}"
         except (ProxyError, RuntimeError, OSError, ValueError) as exc:
-            ctx.last_error = getattr(exc, "message", None) or str(exc)
+            conn.last_error = getattr(exc, "message", None) or str(exc)
         waited = clock() - start
-        level = logging.WARNING if waited >= ctx.settings.backend_wait_s else logging.INFO
-        log.log(level, "waiting for SGLang at %s (%.0f s so far): %s", ctx.client.base_url, waited,
-                ctx.last_error)
+        level = logging.WARNING if waited >= conn.settings.backend_wait_s else logging.INFO
+        log.log(level, "waiting for SGLang at %s (%.0f s so far): %s", conn.client.base_url, waited,
+                conn.last_error)
         await asyncio.sleep(delay)
         delay = min(delay * 2, max_delay_s)
 
@@ -176,47 +304,53 @@ def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None):
     return load_tokenizer(path)
 
 
-async def _connect_once(ctx: ProxyContext, before_load: Callable[[], None] | None = None) -> None:
-    """Discover SGLang, load the tokenizer it names, and set both on the context."""
-    backend = await discover(ctx.client, ctx.settings)
-    problem = tokenizer_dir_problem(backend.tokenizer_path)
+async def _connect_once(conn: Connection, before_load: Callable[[], None] | None = None) -> None:
+    """Discover SGLang, load the tokenizer it names, and set both on the connection."""
+    picture = await discover(conn.client, conn.settings)
+    tokenizer_path = picture.agreed.tokenizer_path
+    problem = tokenizer_dir_problem(tokenizer_path)
     if problem:
         raise TokenizerLoadError(problem)
-    ctx.loading_tokenizer = backend.tokenizer_path
+    conn.loading_tokenizer = tokenizer_path
     try:
-        tokenizer = await asyncio.get_running_loop().run_in_executor(ctx.executor, _load_tokenizer,
-                                                                     backend.tokenizer_path, before_load)
+        tokenizer = await asyncio.get_running_loop().run_in_executor(conn.executor, _load_tokenizer,
+                                                                     tokenizer_path, before_load)
     except Exception as exc:  # noqa: BLE001 -- transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise TokenizerLoadError(f"cannot load the tokenizer {backend.tokenizer_path!r}: {reason} "
+        raise TokenizerLoadError(f"cannot load the tokenizer {tokenizer_path!r}: {reason} "
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
     finally:
-        ctx.loading_tokenizer = None
-    ctx.set_connected(backend, describe_tokenizer(tokenizer),
-                      PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size,
-                                     busy=lambda: bool(ctx.in_flight)),
-                      TokenTexts(tokenizer), _tool_parser(ctx, tokenizer))
+        conn.loading_tokenizer = None
+    renderer = PromptRenderer(tokenizer, conn.executor, conn.settings.prompt_cache_size, busy=conn.busy)
+    conn.set_connected(Connected(picture, describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
+                                 _tool_parser(conn.settings, tokenizer)))
 
 
-def _tool_parser(ctx: ProxyContext, tokenizer) -> str | None:
+def _tool_parser(settings: Settings, tokenizer) -> str | None:
     """--tool-call-parser, else the parser the tokenizer's chat template names (logged either way)."""
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, dict):  # named templates: the default one renders chats
         template = template.get("default")
-    chosen = choose_tool_parser(ctx.settings.tool_call_parser, template if isinstance(template, str) else None)
-    if ctx.settings.enable_auto_tool_choice and chosen is None:
+    chosen = choose_tool_parser(settings.tool_call_parser, template if isinstance(template, str) else None)
+    if settings.enable_auto_tool_choice and chosen is None:
         log.error("--enable-auto-tool-choice requires --tool-call-parser (the chat template names no parser): "
                   "tool_choice \"auto\" is refused until one is given")
     return chosen
 
 
+# The app's connection to SGLang (the same object ProxyContext reads).
+CONNECTION = web.AppKey("sglang_connection", Connection)
+# Called with the message when connecting hits a configuration error (the CLI stops the server).
+ON_FATAL = web.AppKey("on_fatal", Callable)
+
+
 async def keep_connected(app: web.Application, before_load: Callable[[], None] | None = None) -> None:
     """The background task behind start-up: connect, or report a fatal configuration error."""
-    ctx = app[CONTEXT]
+    conn = app[CONNECTION]
     try:
-        await connect(ctx, before_load=before_load)
+        await connect(conn, before_load=before_load)
     except TokenizerLoadError as exc:
-        ctx.fatal = ctx.last_error = str(exc)
+        conn.fatal = conn.last_error = str(exc)
         log.error("%s", exc)
         on_fatal = app.get(ON_FATAL)
         if on_fatal is not None:
@@ -226,7 +360,7 @@ async def keep_connected(app: web.Application, before_load: Callable[[], None] |
 async def wait_until_connected(app: web.Application, timeout_s: float) -> bool:
     """For tests and tools: wait (bounded) until SGLang is known; False if it is not."""
     end = time.monotonic() + timeout_s
-    ctx = app[CONTEXT]
-    while not ctx.connected and ctx.fatal is None and time.monotonic() < end:
+    conn = app[CONNECTION]
+    while conn.connected is None and conn.fatal is None and time.monotonic() < end:
         await asyncio.sleep(0.02)
-    return ctx.connected
+    return conn.connected is not None
