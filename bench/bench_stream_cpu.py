@@ -32,7 +32,6 @@ from token_proxy.pipeline.call import _relay
 from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
-from token_proxy.sglang import client as client_module
 from token_proxy.sglang.relay import RelayStream
 
 VOCAB = 151665
@@ -123,7 +122,7 @@ def make_stream_parts():
 
 
 async def one_stream(loop, reads: list[bytes], transport: Transport, drain) -> None:
-    stream = RelayStream(loop, "http://x", client_module._parse_event, client_module._error_from_status)
+    stream = RelayStream(loop, "http://x")
     stream.connection_made(Transport(None))
     rules, formatter = make_stream_parts()
     stream.data_received(reads[0])

@@ -18,8 +18,9 @@ from token_proxy.ops.middleware import openai_errors
 from token_proxy.role import OWNER, ROLE, Role
 from token_proxy.routes import add_routes
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import SGLangClient, sglang_sessions
+from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.discovery import keep_connected
+from token_proxy.sglang.retry import sglang_sessions
 from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
 
 
@@ -58,7 +59,7 @@ async def _proxy_context(app: web.Application):
                               settings.connect_timeout_s, settings.first_token_timeout_s,
                               settings.stream_idle_timeout_s, fresh=fresh,
                               stream_coalesce_s=settings.stream_coalesce_ms / 1000,
-                              on_retry=app[METRICS].upstream_retry)
+                              on_retry=app[METRICS].upstream_retry, api_key=settings.sglang_api_key)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
         connecting = asyncio.get_running_loop().create_task(keep_connected(app, adopt_library_loggers))
