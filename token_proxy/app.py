@@ -18,9 +18,8 @@ from token_proxy.ops.middleware import openai_errors
 from token_proxy.role import OWNER, ROLE, Role
 from token_proxy.routes import add_routes
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import SGLangClient
+from token_proxy.sglang.client import SGLangClient, sglang_sessions
 from token_proxy.sglang.discovery import keep_connected
-from token_proxy.sglang.retry import sglang_sessions
 from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
 
 

@@ -6,13 +6,13 @@ process asks its owner, serving/worker_app.py): whatever re-loads is passed in.
 
 from __future__ import annotations
 
+from token_proxy.sglang.client import Reloads, retrying
 from token_proxy.sglang.replies import is_lost_adapter as is_lost_adapter_error
-from token_proxy.sglang.retry import Reloads, retrying
 
 __all__ = ["Reloads", "is_lost_adapter_error", "retry_if_lost"]
 
 
 async def retry_if_lost(lora: Reloads, send):
-    """`await send()` through sglang/retry.py's one retry point: if SGLang refused it because the worker
+    """`await send()` through sglang/client.py's one retry point: if SGLang refused it because the worker
     lacks the adapter (it restarted and the sync pass has not run yet), `lora.resync()` and send once more."""
     return await retrying(lambda _again: send(), reload=lora)

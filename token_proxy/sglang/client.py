@@ -1,13 +1,14 @@
-"""The one place that talks HTTP to SGLang.
+"""The one place that talks HTTP to SGLang: the client, its pool and the one retry point.
 
-Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502,
-SGLang refusing the request -> 400 with SGLang's message, too slow -> 504 (what SGLang's answers mean:
-sglang/replies.py).
+Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502, SGLang refusing the
+request -> 400 with SGLang's message, too slow -> 504 (what SGLang's answers mean: sglang/replies.py).
+Every call but a streamed /generate goes out through `_send` on the pool; a stream opens a connection of
+its own, read by sglang/relay.py (http or https). Every call carries `--sglang-api-key` as
+`Authorization: Bearer <key>` when set, and never a client's credentials.
 
-Every call but a streamed /generate goes out through `_send`, on the pool of sglang/retry.py; a stream
-opens a connection of its own and is read by sglang/relay.py (http or https). Both go through the one
-retry point, `retrying` (sglang/retry.py: a stale idle connection, a lost LoRA adapter). Every call carries
-`--sglang-api-key` as `Authorization: Bearer <key>` when set, and never a client's credentials.
+The pool drops a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5), so the
+proxy never writes on one SGLang is about to close; `retrying`, the one retry point, sends a call once
+more, once, when sglang/retry_rules.py finds a reason (a stale idle connection, a lost LoRA adapter).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Callable, Coroutine
-from typing import Protocol
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextvars import ContextVar
+from typing import Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -26,10 +29,11 @@ from multidict import CIMultiDict
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.sglang.relay import RelayStream, cached_resolver, open_relay, relay_target
-from token_proxy.sglang.replies import error_from_status, loads
-from token_proxy.sglang.retry import RETRY_REASONS, Reloads, request, retrying
+from token_proxy.sglang.replies import error_from_status, invalid_json, loads
+from token_proxy.sglang.retry_rules import LOST_ADAPTER, RETRY_REASONS, again_because
 
-__all__ = ["RETRY_REASONS", "InFlight", "SGLangClient", "abort_all_of", "aborting_on_exit", "response_id_of"]
+__all__ = ["RETRY_REASONS", "InFlight", "Reloads", "ReuseAwareConnector", "SGLangClient", "abort_all_of",
+           "aborting_on_exit", "response_id_of", "send", "sglang_sessions"]
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +69,8 @@ class SGLangClient:
         self._resolve = cached_resolver()
 
     async def generate(self, payload: dict, reload: Reloads | None = None) -> list[dict]:
-        """Non-streaming /generate; always a list of outputs (SGLang answers an object for one).
-        `reload`: an adapter request's (a lost adapter is re-loaded and the call sent again)."""
+        """Non-streaming /generate: its outputs. `reload`: an adapter request's (a lost adapter is
+        re-loaded and the call sent again)."""
         async def once(again: bool) -> bytes:
             async with self._post("/generate", payload, again) as resp:
                 body = await resp.read()
@@ -74,8 +78,12 @@ class SGLangClient:
                     raise error_from_status(resp.status, body)
                 return body
 
-        data = loads(await retrying(once, reload=reload, on_retry=self._on_retry))
-        return data if isinstance(data, list) else [data]
+        body = await retrying(once, reload=reload, on_retry=self._on_retry)
+        try:  # orjson here, not replies.loads: a plain chat's success runs no more modules than before (15)
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise invalid_json(body) from exc
+        return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
 
     async def start_stream(self, payload: dict, reload: Reloads | None = None) -> tuple[RelayStream, list | None]:
         """A streaming /generate and its first batch of events (None: it ended without any); relay the rest
@@ -183,7 +191,7 @@ class SGLangClient:
 
     async def _send(self, method: str, path: str, headers: dict | None = None, **kwargs) -> aiohttp.ClientResponse:
         """Every HTTP call to SGLang but /generate goes out here: the response once its headers are in,
-        with the one retry of a closed idle connection (sglang/retry.py). The key replaces any Authorization."""
+        with the one retry of a closed idle connection (sglang/retry_rules.py). The key replaces any Authorization."""
         if self._auth:
             headers = CIMultiDict(headers or {})  # a copy that keeps repeated headers
             headers.update(self._auth)
@@ -287,3 +295,96 @@ def response_id_of(rids: list[str]) -> str:
 def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
     for rid in rids:
         ctx.spawn(ctx.client.abort(rid))
+
+
+# --- the pool, and the one retry point ------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+class Reloads(Protocol):
+    """What re-loads lost adapters: LoraAdmin, or a worker process's RemoteLora."""
+
+    async def resync(self) -> None: ...
+
+
+class Attempt:
+    """Filled in while a call is being sent: did it get a pooled connection, did the answer begin?"""
+
+    __slots__ = ("answered", "reused")
+
+    def __init__(self) -> None:
+        self.reused = False
+        self.answered = False
+
+
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("sglang_attempt", default=None)
+
+
+async def retrying(send: Callable[[bool], Awaitable[T]], *, reload: Reloads | None = None,
+                   on_retry: Callable[[str], None] | None = None) -> T:
+    """`await send(False)`; once more as `send(True)` (True: on a fresh connection) when a retry rule
+    finds a reason: `reload.resync()` first for a lost adapter, `on_retry(reason)` for a stale connection."""
+    attempt = Attempt()
+    token = _ATTEMPT.set(attempt)
+    try:
+        return await send(False)
+    except (ProxyError, aiohttp.ClientError) as exc:
+        reason = again_because(exc, reused=attempt.reused, answered=attempt.answered, reloads=reload is not None)
+        if reason is None:
+            raise
+    finally:
+        _ATTEMPT.reset(token)
+    if reason == LOST_ADAPTER:
+        await reload.resync()
+    elif on_retry is not None:
+        on_retry(reason)
+    return await send(True)
+
+
+async def request(session: aiohttp.ClientSession, method: str, url: str, **kwargs) -> aiohttp.ClientResponse:
+    """One HTTP request, until its status and headers are in (the attempt notes that the answer began)."""
+    resp = await session.request(method, url, **kwargs)
+    attempt = _ATTEMPT.get()
+    if attempt is not None:
+        attempt.answered = True
+    return resp
+
+
+async def send(pooled: aiohttp.ClientSession, fresh: aiohttp.ClientSession | None, method: str, url: str,
+               on_retry: Callable[[str], None] | None = None, **kwargs) -> aiohttp.ClientResponse:
+    """`method url` through the pool, until the response's status and headers are in (read or release
+    the response); sent once more on a fresh connection when the pooled one was stale."""
+    return await retrying(lambda again: request(fresh if again and fresh else pooled, method, url, **kwargs),
+                          on_retry=on_retry)
+
+
+class ReuseAwareConnector(aiohttp.TCPConnector):
+    """aiohttp's TCP pool that tells the call in progress (through a context variable, set in the
+    sending task) whether the connection it got has carried a request before. Cheaper than a
+    TraceConfig, which costs every request a dozen awaited signals."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet = weakref.WeakSet()
+
+    async def connect(self, req, traces, timeout):
+        conn = await super().connect(req, traces, timeout)
+        protocol = conn.protocol
+        if protocol is not None:
+            attempt = _ATTEMPT.get()
+            if attempt is not None:
+                attempt.reused = protocol in self._used
+            self._used.add(protocol)
+        return conn
+
+
+@contextlib.asynccontextmanager
+async def sglang_sessions(keepalive_s: float) -> AsyncIterator[tuple[aiohttp.ClientSession, aiohttp.ClientSession]]:
+    """(pooled, fresh): every SGLang call's pool, idle connections kept `keepalive_s` at most, and a
+    session whose every request opens its own connection (the retry's)."""
+    # limit=0: the data path must never queue behind aiohttp's default 100-connection pool.
+    pooled = aiohttp.ClientSession(connector=ReuseAwareConnector(limit=0, keepalive_timeout=keepalive_s))
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+    async with pooled, fresh:
+        yield pooled, fresh

@@ -1,8 +1,9 @@
 """What SGLang's replies mean: pure functions from its bytes to events and typed errors (no I/O).
 
 One home for SGLang's reply shapes, read by every caller: the stream's SSE events (`parse_event`, which
-sglang/events.py's decoder imports), a non-200 answer (`error_from_status`), a JSON body (`loads`), and
-SGLang's words for an adapter a worker does not hold (`is_lost_adapter`, the retry rule's test).
+sglang/events.py's decoder imports), a non-200 answer (`error_from_status`), a JSON body that is
+not (`loads`, `invalid_json`), and SGLang's words for an adapter a worker does not hold
+(`is_lost_adapter`, a retry rule's test).
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def loads(body: bytes):
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise BackendError(f"SGLang sent invalid JSON: {body[:200]!r}") from exc
+        raise invalid_json(body) from exc
+
+
+def invalid_json(body: bytes) -> BackendError:
+    return BackendError(f"SGLang sent invalid JSON: {body[:200]!r}")
 
 
 def error_from_status(status: int, body: bytes) -> ProxyError:
