@@ -307,3 +307,24 @@ async def test_a_stream_closed_while_resting_is_not_read_again():
     await stream.aclose()
     await asyncio.sleep(0.05)
     assert transport.paused and transport.closed  # the pause's timer was cancelled with the stream
+
+
+async def test_an_https_sglang_whose_certificate_is_not_trusted_is_unreachable(make_tls_sim):
+    """The relay verifies SGLang's certificate: a context that does not trust the test's CA (injected, as a
+    deployment's own CA would be) refuses the stream before anything is sent."""
+    import ssl
+
+    from token_proxy.sglang.client import SGLangClient
+
+    sim = await make_tls_sim()
+    url = str(sim.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        client = SGLangClient(url, session, 10.0, ssl_context=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+        with pytest.raises(BackendUnavailable, match=rf"^SGLang at {re.escape(url)} is unreachable: Cannot connect "
+                                                     r"to host 127\.0\.0\.1:\d+ \[.*CERTIFICATE_VERIFY_FAILED"):
+            await client.open_stream({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}, "stream": True})
+        trusted = SGLangClient(url, session, 10.0)  # the default context: SSL_CERT_FILE names the test's CA
+        stream, first = await trusted.start_stream({"input_ids": [1, 2], "stream": True,
+                                                    "sampling_params": {"max_new_tokens": 2}})
+        assert first[0]["meta_info"]["prompt_tokens"] == 2
+        await stream.aclose()
