@@ -4,8 +4,8 @@ The stream reader (sglang/relay.py) feeds it each network read of SGLang's answe
 it finds the status line and headers, then the body: chunked (SGLang's streams: one event per chunk),
 Content-Length, or delimited by the connection's close. 1xx answers are skipped; chunk extensions and
 trailers are ignored. tests/sglang/test_http1.py proves it against h11 on the same bytes split at every
-byte; it is hand-written rather than h11 because h11 costs the stream CPU per token (bench/bench_stream_cpu.py,
-the table in the commit that added this module).
+byte. It is hand-written rather than h11 because h11 about doubles the stream's CPU per token
+(`bench/bench_stream_cpu.py --framer h11`: ~10 -> ~21 us per event).
 """
 
 from __future__ import annotations
