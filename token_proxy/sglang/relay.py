@@ -2,11 +2,12 @@
 client without a task wake-up per event. Every SGLang stream is read here (http and https alike).
 
 aiohttp's client hands every network read to a StreamReader, wakes the handler's task, which resumes
-its generators, translates, and awaits the server's writer: most of a stream's CPU per token. Here
-the connection's own `data_received` frames the HTTP response (sglang/http1.py, sans-IO), splits SSE
-events (sglang/events.py, whose meaning is sglang/replies.py's) and passes each read's events to a synchronous `sink` (translate + write to the
-client's transport). The handler's task only waits for the end, or for the client to drain when it
-reads slower than SGLang writes (then SGLang's connection stops being read: TCP flow control).
+its generators, translates, and awaits the server's writer: most of a stream's CPU per token. Here the
+connection's own `data_received` frames the HTTP response (sglang/http1.py, sans-IO), splits SSE events
+(sglang/events.py; what they mean: sglang/replies.py) and passes each read's events to a synchronous
+`sink` (translate + write to the client's transport). The handler's task only waits for the end, or for
+the client to drain when it reads slower than SGLang writes (then SGLang's connection stops being read:
+TCP flow control).
 
 Before `relay` starts (the first batch, read while the response's status is still open), events are
 queued for `first`. Every failure is a typed error (sglang/replies.py's for SGLang's answers); time
