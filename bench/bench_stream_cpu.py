@@ -2,7 +2,8 @@
 
 Feeds SGLang incremental-stream bytes, as SGLang 0.5.17 writes them (chunked transfer encoding, one
 event per chunk, one token per event, meta_info laid out as in /work/shared/golden/generate_stream.json),
-through the real relay (RelayStream.data_received: chunk framing, SSE split, the client's event parse),
+through the real stream reader (RelayStream.data_received: HTTP/1.1 framing by sglang/http1.py, SSE split,
+the event parse of sglang/replies.py),
 the request's sink (stats, output rules, stream frames / chat formatter template) and the SSE writer,
 into a transport. Every SGLang event is its own network read, as on the GPU host at c=256.
 
@@ -11,7 +12,10 @@ non-blocking send on a socketpair, drained by the benchmark outside the timed re
 send syscall a real transport makes per write). CPU is time.process_time over many streams; each
 variant runs `--rounds` interleaved rounds and the table shows the median and spread (min..max).
 
-    python bench/bench_stream_cpu.py [--streams 300] [--rounds 7] [--tokens 128]
+    python bench/bench_stream_cpu.py [--streams 300] [--rounds 7] [--tokens 128] [--framer h11]
+
+`--framer h11` frames the bytes with h11 instead (tests/sglang/h11_framer.py, the test's reference; run from
+the repository root): what made sglang/http1.py hand-written.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ from token_proxy.pipeline.call import _relay
 from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
-from token_proxy.sglang import client as client_module
 from token_proxy.sglang.relay import RelayStream
 
 VOCAB = 151665
@@ -123,7 +126,7 @@ def make_stream_parts():
 
 
 async def one_stream(loop, reads: list[bytes], transport: Transport, drain) -> None:
-    stream = RelayStream(loop, "http://x", client_module._parse_event, client_module._error_from_status)
+    stream = RelayStream(loop, "http://x")
     stream.connection_made(Transport(None))
     rules, formatter = make_stream_parts()
     stream.data_received(reads[0])
@@ -185,7 +188,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--per-read", type=int, default=1, help="SGLang events per network read (1: a GPU's pace)")
+    parser.add_argument("--framer", choices=("own", "h11"), default="own", help="HTTP/1.1 framing: sglang/http1.py or h11")
     args = parser.parse_args()
+    if args.framer == "h11":
+        from tests.sglang.h11_framer import H11Framer
+        from token_proxy.sglang import relay
+
+        relay.ResponseFramer = H11Framer
     reads = chunked_reads(args.tokens, args.per_read)
     try:
         import uvloop
@@ -215,7 +224,8 @@ def main() -> None:
     runner(rounds())
     base = statistics.median(results["feed only"])
     events = args.tokens
-    print(f"{args.streams} streams x {events} events, {args.per_read} per read, {args.rounds} rounds (median, min..max); "
+    print(f"{args.streams} streams x {events} events, {args.per_read} per read, {args.framer} framer, "
+          f"{args.rounds} rounds (median, min..max); "
           f"'net' subtracts the benchmark's own driving cost ({base / args.streams / events * 1e6:.1f} us/event)")
     print(f"| transport | us per event (net) | ms per {events}-token stream (net) | spread, ms per stream |")
     print("|---|---|---|---|")

@@ -58,7 +58,7 @@ async def _proxy_context(app: web.Application):
                               settings.connect_timeout_s, settings.first_token_timeout_s,
                               settings.stream_idle_timeout_s, fresh=fresh,
                               stream_coalesce_s=settings.stream_coalesce_ms / 1000,
-                              on_retry=app[METRICS].upstream_retry)
+                              on_retry=app[METRICS].upstream_retry, api_key=settings.sglang_api_key)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
         app[CONNECTION] = app[CONTEXT].connection
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.

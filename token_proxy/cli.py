@@ -113,6 +113,8 @@ FLAG_GROUPS = (
         ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
         ("--admin-open", "admin_open", flag_bool, ("without an admin key, let non-loopback clients use admin "
          "routes")),
+        ("--sglang-api-key", "sglang_api_key", str, ("SGLang's own --api-key, sent on every call to SGLang "
+         "(clients' keys never are; prefer the env var)")),
     )),
     ("weights", (
         ("--worker", "workers", url_list, "repeatable: an SGLang server admin calls fan out to"),
@@ -194,13 +196,14 @@ UNSET_MEANS = {
     "tokenizer": "SGLang's tokenizer_path", "served_model_name": "SGLang's", "context_length": "SGLang's",
     "backend_url": "the built-in simulator", "workers": "the backend, or the router's workers",
     "weight_dirs": "anywhere", "lora_modules": "none", "api_key": "none", "admin_key": "none",
+    "sglang_api_key": "none",
     "tool_call_parser": "the one the chat template names", "reasoning_parser": "none",
 }
 _METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME"}
 
 
 def _shown_default(field: str, value) -> str:
-    if value is None or value == () or field in ("api_key", "admin_key"):
+    if value is None or value == () or field in ("api_key", "admin_key", "sglang_api_key"):
         return UNSET_MEANS.get(field, "none")
     if isinstance(value, bool):
         return str(value).lower()

@@ -94,6 +94,8 @@ class Settings:
     api_key: str | tuple[str, ...] | None = field(default=None, repr=False)  # several: any of them
     admin_key: str | None = field(default=None, repr=False)
     admin_open: bool = False
+    # SGLang's own --api-key: sent as `Authorization: Bearer <key>` on every call to SGLang (never the client's).
+    sglang_api_key: str | None = field(default=None, repr=False)
     # Tool calls and reasoning on the chat path (vLLM 0.33's flags). tool_call_parser: a TOOL_PARSERS
     # name; None: the one the chat template names unambiguously, if any (logged at start-up).
     # enable_auto_tool_choice: accept tool_choice "auto" (and tools without tool_choice) and parse calls.

@@ -11,7 +11,8 @@ import pytest
 
 from token_proxy.ops.metrics import METRICS
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import ReuseAwareConnector, send, stale_reason
+from token_proxy.sglang.client import ReuseAwareConnector, send
+from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 
 KEEP_ALIVE_S = 0.5  # the simulated SGLANG_TIMEOUT_KEEP_ALIVE (5 s on a real server)

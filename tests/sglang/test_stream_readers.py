@@ -1,6 +1,5 @@
-"""The two readers of a streamed /generate (the callback relay and aiohttp's path) share one SSE event decoder
-(sglang/events.py) and one deadline helper (sglang/deadline.py): the same events and the same timeouts, with
-the same messages, whichever reads the stream."""
+"""The stream reader's parts: the SSE event decoder (sglang/events.py, what an event means: sglang/replies.py)
+and the deadline (sglang/deadline.py); the same timeouts, with the same messages, over http and https."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import orjson
 import pytest
 
 from token_proxy.errors import BackendError, BackendTimeout
-from token_proxy.sglang import client as client_module
 from token_proxy.sglang.deadline import IDLE_MESSAGE, Deadline
 from token_proxy.sglang.events import DONE_EVENT, EventDecoder
 from token_proxy.simulator import SIM_STATE
@@ -21,7 +19,7 @@ USER = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def decoder() -> EventDecoder:
-    return EventDecoder(client_module._parse_event)
+    return EventDecoder()
 
 
 def test_the_decoder_keeps_an_incomplete_event_for_the_next_read():
@@ -72,11 +70,11 @@ async def test_a_paused_reader_is_not_idle_and_a_waiting_one_is():
     assert [(type(e), str(e)) for e in hit] == [(BackendTimeout, IDLE_MESSAGE)]
 
 
-@pytest.mark.parametrize("relay", [True, False], ids=["relay", "aiohttp"])
-async def test_both_readers_time_out_the_first_token_alike(make_sim, make_proxy, relay):
-    sim = await make_sim(ttft_s=3.0)
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+async def test_a_stream_times_out_the_first_token_over_http_and_https(make_sim, make_tls_sim, make_proxy, tls):
+    sim = await (make_tls_sim if tls else make_sim)(ttft_s=3.0)
     proxy = await make_proxy(sim, first_token_timeout_s=0.3)
-    proxy.app[CONTEXT].client.callback_streams = relay
+    assert proxy.app[CONTEXT].client.base_url.startswith("https://" if tls else "http://")
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(
         {"messages": USER, "max_tokens": 2, "stream": True}))
     assert resp.status == 504
@@ -84,11 +82,10 @@ async def test_both_readers_time_out_the_first_token_alike(make_sim, make_proxy,
     await _aborted_once(sim)
 
 
-@pytest.mark.parametrize("relay", [True, False], ids=["relay", "aiohttp"])
-async def test_both_readers_end_a_stalled_stream_alike(make_sim, make_proxy, relay):
-    sim = await make_sim(tpot_s=3.0)
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+async def test_a_stalled_stream_ends_alike_over_http_and_https(make_sim, make_tls_sim, make_proxy, tls):
+    sim = await (make_tls_sim if tls else make_sim)(tpot_s=3.0)
     proxy = await make_proxy(sim, stream_idle_timeout_s=0.3)
-    proxy.app[CONTEXT].client.callback_streams = relay
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(
         {"messages": USER, "max_tokens": 50, "ignore_eos": True, "stream": True}))
     assert resp.status == 200

@@ -1,5 +1,5 @@
-"""The callback relay of streamed /generate (sglang/relay.py): HTTP framing split at any
-byte, typed errors, timeouts, flow control, and the same bytes to the client as aiohttp's path."""
+"""The stream reader of streamed /generate (sglang/relay.py): HTTP framing split at any byte, typed
+errors, timeouts, flow control, and the same bytes to the client over http and https (TLS, coalescing)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import orjson
 import pytest
 
 from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
-from token_proxy.sglang import client as client_module
-from token_proxy.sglang.relay import RelayStream, relay_target
-from token_proxy.state import CONTEXT
+from token_proxy.sglang.relay import RelayStream, Target, relay_target
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -55,8 +53,7 @@ class Down:
 
 
 def relay_stream(coalesce_s=0.0) -> tuple[RelayStream, FakeTransport]:
-    stream = RelayStream(asyncio.get_running_loop(), "http://sglang", client_module._parse_event,
-                         client_module._error_from_status, coalesce_s)
+    stream = RelayStream(asyncio.get_running_loop(), "http://sglang", coalesce_s)
     transport = FakeTransport()
     stream.connection_made(transport)
     return stream, transport
@@ -255,10 +252,12 @@ async def test_coalescing_sends_the_same_bytes_in_fewer_writes(make_sim, make_pr
     assert writes <= 12  # 40 events 5 ms apart, read every 40 ms: ~6 reads (+ the first, the end)
 
 
-def test_only_plain_http_urls_are_relayed():
-    assert relay_target("http://10.0.0.1:30000") == ("10.0.0.1", 30000, "")
-    assert relay_target("http://sglang/prefix/") == ("sglang", 80, "/prefix")
-    assert relay_target("https://sglang:443") is None
+def test_http_and_https_urls_are_both_relayed():
+    assert relay_target("http://10.0.0.1:30000") == Target("10.0.0.1", 30000, "", tls=False)
+    assert relay_target("http://sglang/prefix/") == Target("sglang", 80, "/prefix", tls=False)
+    assert relay_target("https://sglang") == Target("sglang", 443, "", tls=True)
+    with pytest.raises(BackendUnavailable, match="SGLang at ftp://sglang is unreachable: not an http"):
+        relay_target("ftp://sglang")
 
 
 @pytest.mark.parametrize("body", [
@@ -267,21 +266,22 @@ def test_only_plain_http_urls_are_relayed():
     {"messages": USER, "max_tokens": 30, "ignore_eos": True, "stream": True, "seed": 3, "n": 2, "logprobs": True,
      "top_logprobs": 2, "stop": ["e"]},
 ])
-async def test_the_relay_sends_the_bytes_aiohttps_path_sends(make_sim, make_proxy, body):
-    sim = await make_sim(incremental_streaming_output=True, tpot_s=0.002)
-    proxy = await make_proxy(sim)
-
-    async def stream_bytes() -> list[bytes]:
+async def test_https_and_coalescing_send_the_bytes_plain_http_sends(make_sim, make_tls_sim, make_proxy, body):
+    """Over TLS, and with --stream-coalesce-ms (which works for every URL), the client gets the same bytes."""
+    async def stream_bytes(sim, **settings) -> list[bytes]:
+        proxy = await make_proxy(sim, **settings)
         resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body))
         assert resp.status == 200
         # ids and timestamps differ per request; everything else must be byte-identical
         return re.sub(rb'"(id|created)":("[^"]*"|\d+)', b"", await resp.read()).split(b"\n\n")
 
-    relayed = await stream_bytes()
-    async with aiohttp.ClientSession() as session, session.post(sim.make_url("/flush_cache")) as resp:
-        assert resp.status == 200  # the same prefix-cache state (cached_tokens) for the second request
-    proxy.app[CONTEXT].client.callback_streams = False
-    assert await stream_bytes() == relayed
+    plain = await stream_bytes(await make_sim(incremental_streaming_output=True, tpot_s=0.002))
+    tls_sim = await make_tls_sim(incremental_streaming_output=True, tpot_s=0.002)
+    assert str(tls_sim.make_url("")).startswith("https://")
+    assert await stream_bytes(tls_sim) == plain
+    async with aiohttp.ClientSession() as session, session.post(tls_sim.make_url("/flush_cache"), ssl=False) as resp:
+        assert resp.status == 200  # the same prefix-cache state (cached_tokens) for the next request
+    assert await stream_bytes(tls_sim, stream_coalesce_ms=20) == plain
 
 
 @pytest.mark.parametrize("value", [-1, 1500])
@@ -307,3 +307,24 @@ async def test_a_stream_closed_while_resting_is_not_read_again():
     await stream.aclose()
     await asyncio.sleep(0.05)
     assert transport.paused and transport.closed  # the pause's timer was cancelled with the stream
+
+
+async def test_an_https_sglang_whose_certificate_is_not_trusted_is_unreachable(make_tls_sim):
+    """The relay verifies SGLang's certificate: a context that does not trust the test's CA (injected, as a
+    deployment's own CA would be) refuses the stream before anything is sent."""
+    import ssl
+
+    from token_proxy.sglang.client import SGLangClient
+
+    sim = await make_tls_sim()
+    url = str(sim.make_url("")).rstrip("/")
+    async with aiohttp.ClientSession() as session:
+        client = SGLangClient(url, session, 10.0, ssl_context=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+        with pytest.raises(BackendUnavailable, match=rf"^SGLang at {re.escape(url)} is unreachable: Cannot connect "
+                                                     r"to host 127\.0\.0\.1:\d+ \[.*CERTIFICATE_VERIFY_FAILED"):
+            await client.open_stream({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}, "stream": True})
+        trusted = SGLangClient(url, session, 10.0)  # the default context: SSL_CERT_FILE names the test's CA
+        stream, first = await trusted.start_stream({"input_ids": [1, 2], "stream": True,
+                                                    "sampling_params": {"max_new_tokens": 2}})
+        assert first[0]["meta_info"]["prompt_tokens"] == 2
+        await stream.aclose()

@@ -218,6 +218,9 @@ def _version(value) -> str | None:
 _DROP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                    "trailer", "transfer-encoding", "upgrade", "content-length", "accept-encoding",
                    "content-encoding"})
+# The client's credentials for the proxy (ops/auth.py reads Authorization) never reach SGLang: it gets
+# --sglang-api-key, if any (SGLangClient adds it), and X-API-Key is the usual other spelling of a key.
+_DROP_UPSTREAM = _DROP | {"authorization", "x-api-key"}
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -230,7 +233,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))
-    async with client.open(request.method, request.path_qs, body or None, _kept(request.headers)) as upstream:
+    async with client.open(request.method, request.path_qs, body or None, _kept(request.headers, _DROP_UPSTREAM)) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()
             if raw.strip() in (b"", b'{"detail":"Not Found"}'):
@@ -245,8 +248,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         return response
 
 
-def _kept(headers) -> CIMultiDict:
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP)
+def _kept(headers, drop: frozenset = _DROP) -> CIMultiDict:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
 
 
 def add_passthrough(app: web.Application) -> None:

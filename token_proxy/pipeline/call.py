@@ -11,11 +11,10 @@ from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
-from token_proxy.lora.leases import Reloads, retry_if_lost
 from token_proxy.pipeline.output_rules import Output, OutputRules
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
-from token_proxy.sglang.client import abort_all_of, aborting_on_exit
+from token_proxy.sglang.client import Reloads, abort_all_of, aborting_on_exit
 from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.state import ProxyContext
 
@@ -25,9 +24,8 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
     request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
-        send = lambda: ctx.client.generate(call.body)
         stats.mark_sent()
-        items = await (send() if lora is None else retry_if_lost(lora, send))
+        items = await ctx.client.generate(call.body, lora)
     stats.mark_first_token()
     outputs = rules.whole(items)
     record(stats, rules)
@@ -38,9 +36,9 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
                             formatter, stats: RequestStats, lora: Reloads | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
-        opened = lambda: _open_stream(ctx, call.body, stack)
         stats.mark_sent()
-        stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))
+        stream, first = await ctx.client.start_stream(call.body, lora)
+        stack.push_async_callback(stream.aclose)
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         frames = StreamFrames(rules, formatter)
@@ -57,13 +55,6 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         finally:
             record(stats, rules)
     return response
-
-
-async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExitStack):
-    """The stream and its first batch of events (an HTTP error before it raises here)."""
-    stream = await ctx.client.open_stream(body)
-    stack.push_async_callback(stream.aclose)
-    return stream, await stream.first()
 
 
 async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],

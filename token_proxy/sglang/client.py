@@ -1,57 +1,39 @@
-"""The one place that talks HTTP to SGLang.
+"""The one place that talks HTTP to SGLang: the client, its pool and the one retry point.
 
-Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502,
-SGLang refusing the request -> 400 with SGLang's message, too slow -> 504.
+Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502, SGLang refusing the
+request -> 400 with SGLang's message, too slow -> 504 (what SGLang's answers mean: sglang/replies.py).
+Every call but a streamed /generate goes out through `_send` on the pool; a stream opens a connection of
+its own, read by sglang/relay.py (http or https). Every call carries `--sglang-api-key` as
+`Authorization: Bearer <key>` when set, and never a client's credentials.
 
-Every call but a relayed stream (which opens a connection of its own) goes out through `send`, on a
-pool whose connections SGLang may close while idle. SGLang's uvicorn closes a keep-alive connection idle for SGLANG_TIMEOUT_KEEP_ALIVE seconds (5 by
-default), and under load it acts on that timer late: a request written on the connection in that
-window is dropped unread (the client sees "Server disconnected" or ECONNRESET). Two defences:
-
-- the pool drops a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5),
-  so the proxy never writes on one SGLang is about to close;
-- a request whose REUSED connection fails before any byte of the answer is sent once more on a
-  fresh connection (a pool-less session): SGLang never read it. A new connection failing, or any
-  failure after the status line arrived, is not retried: SGLang may have acted on the request.
-
-aiohttp itself resends an idempotent request (GET, PUT, DELETE) once through the same pool when its
-connection fails (uncounted); every /generate and admin POST has only this rule.
-
-This is the transport's retry. `retry_if_lost` (lora/leases.py) is another rule on another
-layer: SGLang answered (the adapter is gone) and the proxy re-loads it before sending again.
+The pool drops a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5), so the
+proxy never writes on one SGLang is about to close; `retrying`, the one retry point, sends a call once
+more, once, when sglang/retry_rules.py finds a reason (a stale idle connection, a lost LoRA adapter).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
+import ssl
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
 
-from token_proxy.errors import (
-    BackendError,
-    BackendTimeout,
-    BackendUnavailable,
-    InvalidRequest,
-    ProxyError,
-)
-from token_proxy.sglang.deadline import Deadline
-from token_proxy.sglang.events import DONE_EVENT, EventDecoder
-from token_proxy.sglang.relay import (
-    Downstream,
-    RelayStream,
-    cached_resolver,
-    open_relay,
-    relay_target,
-)
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.sglang.relay import RelayStream, cached_resolver, open_relay, relay_target
+from token_proxy.sglang.replies import error_from_status, invalid_json, loads
+from token_proxy.sglang.retry_rules import LOST_ADAPTER, RETRY_REASONS, again_because
+
+__all__ = ["RETRY_REASONS", "InFlight", "Reloads", "ReuseAwareConnector", "SGLangClient", "abort_all_of",
+           "aborting_on_exit", "response_id_of", "send", "sglang_sessions"]
 
 log = logging.getLogger(__name__)
 
@@ -62,93 +44,73 @@ class SGLangClient:
     def __init__(self, base_url: str, session: aiohttp.ClientSession, request_timeout_s: float,
                  connect_timeout_s: float = 10.0, first_token_timeout_s: float = 0.0,
                  stream_idle_timeout_s: float = 0.0, *, fresh: aiohttp.ClientSession | None = None,
-                 on_retry: Callable[[str], None] | None = None, stream_coalesce_s: float = 0.0):
+                 on_retry: Callable[[str], None] | None = None, stream_coalesce_s: float = 0.0,
+                 api_key: str | None = None, ssl_context: ssl.SSLContext | None = None):
         """Timeouts: total per request; for streams also until the first event and between events
         (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done.
-        `stream_coalesce_s`: relayed streams' read pause (sglang/relay.py). `session` is the pool
+        `stream_coalesce_s`: streams' read pause (sglang/relay.py). `session` is the pool
         (`sglang_sessions`); `fresh` opens a connection per request, for the one retry of a call whose
-        reused connection SGLang had closed (`on_retry(reason)`)."""
+        reused connection SGLang had closed (`on_retry(reason)`). `api_key`: SGLang's own --api-key, sent
+        on every call. `ssl_context`: for an https URL; None: the system's trust store (SSL_CERT_FILE adds a CA)."""
         self.base_url = base_url.rstrip("/")
         self._session = session
         self._fresh = fresh
         self._on_retry = on_retry
+        self._api_key = api_key
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._json_headers = {**_JSON_HEADERS, **self._auth}
+        self._ssl = ssl_context if ssl_context is not None or not base_url.startswith("https:") else \
+            ssl.create_default_context()
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s)
-        self._stream_timeout = aiohttp.ClientTimeout(total=request_timeout_s, sock_connect=connect_timeout_s,
-                                                     sock_read=stream_idle_timeout_s or None)
+        self._idle_s = stream_idle_timeout_s or None
         self._first_token_s = first_token_timeout_s or None
         self._coalesce_s = stream_coalesce_s
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
-        self.callback_streams = True  # False: every stream through aiohttp's client (GeneratorStream)
         self._resolve = cached_resolver()
 
-    async def generate(self, payload: dict) -> list[dict]:
-        """Non-streaming /generate; always a list of outputs (SGLang answers an object for one)."""
-        async with self._post("/generate", payload) as resp:
-            body = await resp.read()
-            if resp.status != 200:
-                raise _error_from_status(resp.status, body)
-        data = _loads(body)
-        return data if isinstance(data, list) else [data]
+    async def generate(self, payload: dict, reload: Reloads | None = None) -> list[dict]:
+        """Non-streaming /generate: its outputs. `reload`: an adapter request's (a lost adapter is
+        re-loaded and the call sent again)."""
+        async def once(again: bool) -> bytes:
+            async with self._post("/generate", payload, again) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise error_from_status(resp.status, body)
+                return body
 
-    async def open_stream(self, payload: dict) -> RelayStream | GeneratorStream:
-        """A streaming /generate, sent; read its first batch with `first()`, the rest with `relay()`,
-        then `aclose()` it. Plain-http SGLang is read with protocol callbacks (sglang/relay.py),
-        anything else through aiohttp (`generate_stream`)."""
-        target = relay_target(self.base_url) if self.callback_streams else None
-        if target is None:
-            return GeneratorStream(self.generate_stream(payload))
-        return await open_relay(self.base_url, target, "/generate", orjson.dumps(payload),
-                                connect_s=self._stream_timeout.sock_connect, total_s=self._stream_timeout.total,
-                                idle_s=self._stream_timeout.sock_read, first_token_s=self._first_token_s,
-                                parse_event=_parse_event, error_from_status=_error_from_status,
-                                resolve=self._resolve, coalesce_s=self._coalesce_s)
+        body = await retrying(once, reload=reload, on_retry=self._on_retry)
+        try:  # orjson here, not replies.loads: a plain chat's success runs no more modules than before (15)
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise invalid_json(body) from exc
+        return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
 
-    async def generate_stream(self, payload: dict) -> AsyncIterator[list[dict]]:
-        """Streaming /generate: yields the events that arrived together (one network read), so the
-        caller can answer them with one write; an in-stream error raises.
-
-        One generator per stream, reading raw chunks (cumulative SGLang events exceed aiohttp's
-        64 KiB line limit on long outputs). The idle limit is aiohttp's sock_read until the headers
-        are in, then the stream's Deadline (aiohttp's re-arms a timer on every network read); a limit
-        hit fails the body's read with its BackendTimeout."""
-        async with self._post("/generate", payload, self._stream_timeout) as resp:
-            if resp.status != 200:
-                raise _error_from_status(resp.status, await resp.read())
-            content = resp.content
-            idle_s = self._stream_timeout.sock_read
-            protocol = resp.connection.protocol if resp.connection is not None else None
-            if idle_s and protocol is not None:
-                protocol.read_timeout = None  # its timer, armed by the last read, runs out once more at most
-            deadline = Deadline(asyncio.get_running_loop(), self._first_token_s, idle_s, content.set_exception)
-            decoder = EventDecoder(_parse_event)
+    async def start_stream(self, payload: dict, reload: Reloads | None = None) -> tuple[RelayStream, list | None]:
+        """A streaming /generate and its first batch of events (None: it ended without any); relay the rest
+        with `relay()`, then `aclose()` the stream. `reload` as for `generate`."""
+        async def once(again: bool) -> tuple[RelayStream, list | None]:
+            stream = await self.open_stream(payload)
             try:
-                while True:
-                    deadline.touch()  # a read waits: the idle gap counts from here
-                    chunk = await content.readany()
-                    deadline.pause()  # the caller works on the events: not SGLang's gap
-                    if not chunk:
-                        break
-                    events, end = decoder.feed(chunk)
-                    if events:
-                        deadline.first_done()
-                        yield events
-                    if end is not None:
-                        if end is DONE_EVENT:
-                            return
-                        raise end
-                events, end = decoder.close()
-                if events:
-                    yield events
-                if end is not None and end is not DONE_EVENT:
-                    raise end
-            finally:
-                deadline.cancel()
+                return stream, await stream.first()
+            except BaseException:
+                await stream.aclose()
+                raise
+
+        return await retrying(once, reload=reload)
+
+    async def open_stream(self, payload: dict) -> RelayStream:
+        """A streaming /generate, sent on a connection of its own (sglang/relay.py)."""
+        auth = b"Authorization: Bearer %b\r\n" % self._api_key.encode() if self._api_key else b""
+        return await open_relay(self.base_url, relay_target(self.base_url), "/generate", orjson.dumps(payload),
+                                connect_s=self._timeout.sock_connect, total_s=self._timeout.total,
+                                idle_s=self._idle_s, first_token_s=self._first_token_s, resolve=self._resolve,
+                                coalesce_s=self._coalesce_s, ssl_context=self._ssl, headers=auth)
 
     async def abort(self, rid: str) -> None:
         """Best effort: the request may have finished already (SGLang ignores unknown rids)."""
         try:
             async with await self._send("POST", "/abort_request", data=orjson.dumps({"rid": rid}),
-                                        headers=_JSON_HEADERS, timeout=self._short) as resp:
+                                        headers=self._json_headers, timeout=self._short) as resp:
                 await resp.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("abort of %s failed: %s", rid, exc)
@@ -159,8 +121,8 @@ class SGLangClient:
             async with await self._send("GET", path, timeout=timeout) as resp:
                 body = await resp.read()
                 if resp.status != 200:
-                    raise _error_from_status(resp.status, body)
-                return _loads(body)
+                    raise error_from_status(resp.status, body)
+                return loads(body)
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
         except asyncio.TimeoutError as exc:
@@ -188,7 +150,7 @@ class SGLangClient:
             async with await self._send("GET", "/metrics", timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 body = await resp.read()
                 if resp.status != 200:
-                    raise _error_from_status(resp.status, body)
+                    raise error_from_status(resp.status, body)
                 return body.decode("utf-8", "replace")
         except aiohttp.ClientError as exc:
             raise BackendUnavailable(f"SGLang at {self.base_url} is unreachable: {exc}") from exc
@@ -196,9 +158,10 @@ class SGLangClient:
             raise BackendTimeout(f"SGLang did not answer GET /metrics within {timeout_s:g} s") from exc
 
     def at(self, base_url: str) -> SGLangClient:
-        """The same session and timeouts, aimed at another server (one worker behind a router)."""
+        """The same session, timeouts, key and TLS, aimed at another server (one worker behind a router)."""
         return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect,
-                            fresh=self._fresh, on_retry=self._on_retry, stream_coalesce_s=self._coalesce_s)
+                            fresh=self._fresh, on_retry=self._on_retry, stream_coalesce_s=self._coalesce_s,
+                            api_key=self._api_key, ssl_context=self._ssl)
 
     async def call(self, method: str, path: str, body: bytes | None, timeout_s: float,
                    headers: dict | None = None) -> tuple[int, bytes, str]:
@@ -220,37 +183,28 @@ class SGLangClient:
         return _Call(self._send(method, path_qs, data=body, headers=headers, timeout=self._timeout,
                                 allow_redirects=False), self.base_url)
 
-    def _post(self, path: str, payload: dict, timeout: aiohttp.ClientTimeout | None = None) -> _Call:
-        return _Call(self._send("POST", path, data=orjson.dumps(payload), headers=_JSON_HEADERS,
-                                timeout=timeout or self._timeout), self.base_url)
+    def _post(self, path: str, payload: dict, again: bool) -> _Call:
+        """One attempt of a POST inside `retrying` (`again`: the retry's, on a fresh connection)."""
+        session = self._fresh if again and self._fresh is not None else self._session
+        return _Call(request(session, "POST", f"{self.base_url}{path}", data=orjson.dumps(payload),
+                             headers=self._json_headers, timeout=self._timeout, ssl=self._ssl_arg()), self.base_url)
 
-    def _send(self, method: str, path: str, **kwargs):
-        """Every HTTP call to SGLang goes out here (streams on the relay open their own connection):
-        the response once its headers are in, with the one retry of a closed idle connection (module docstring)."""
-        return send(self._session, self._fresh, method, f"{self.base_url}{path}", self._on_retry, **kwargs)
+    async def _send(self, method: str, path: str, headers: dict | None = None, **kwargs) -> aiohttp.ClientResponse:
+        """Every HTTP call to SGLang but /generate goes out here: the response once its headers are in,
+        with the one retry of a closed idle connection (sglang/retry_rules.py). The key replaces any Authorization."""
+        if self._auth:
+            headers = CIMultiDict(headers or {})  # a copy that keeps repeated headers
+            headers.update(self._auth)
+        url = f"{self.base_url}{path}"
 
+        def once(again: bool):
+            session = self._fresh if again and self._fresh is not None else self._session
+            return request(session, method, url, headers=headers, ssl=self._ssl_arg(), **kwargs)
 
-class GeneratorStream:
-    """`open_stream`'s answer read through aiohttp's client (the same interface as RelayStream)."""
+        return await retrying(once, on_retry=self._on_retry)
 
-    def __init__(self, batches: AsyncIterator[list[dict]]):
-        self._batches = batches
-
-    async def first(self) -> list[dict] | None:
-        return await anext(self._batches, None)
-
-    async def relay(self, sink, downstream: Downstream) -> None:
-        async for events in self._batches:
-            if sink(events):
-                return
-            if downstream.blocked():
-                await downstream.drained()
-
-    def ending(self) -> None:
-        """RelayStream's: nothing to do here (aiohttp reads as data comes)."""
-
-    async def aclose(self) -> None:
-        await self._batches.aclose()
+    def _ssl_arg(self) -> ssl.SSLContext | bool:
+        return self._ssl if self._ssl is not None else True  # True: aiohttp's default (an http URL ignores it)
 
 
 class _Call:
@@ -285,87 +239,12 @@ class _Call:
         return False
 
 
-def _parse_event(raw: bytes) -> tuple[dict | object | None, ProxyError | None]:
-    """One raw SSE event -> (the event, or DONE_EVENT, or None: no data) or its error."""
-    data = _event_data(raw)
-    if data is None:
-        return None, None
-    if data == b"[DONE]":
-        return DONE_EVENT, None
-    event = _loads(data)
-    return event, _stream_error(event)
-
-
-def _event_data(event: bytes) -> bytes | None:
-    if event.startswith(b"data: ") and b"\n" not in event:  # SGLang's one-line events
-        return event[6:]
-    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
-
-
 def _connect_failure(exc: aiohttp.ClientConnectorError) -> str:
     if isinstance(exc.os_error, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return f"cannot resolve the host ({exc.os_error})"
     return f"cannot connect ({exc.os_error or exc})"
-
-
-def _loads(body: bytes):
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BackendError(f"SGLang sent invalid JSON: {body[:200]!r}") from exc
-
-
-def _error_from_status(status: int, body: bytes) -> ProxyError:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        parsed = None
-    message = _message_of(parsed) or body.decode("utf-8", "replace").strip() or f"HTTP {status}"
-    if status == 400:
-        return InvalidRequest(f"SGLang rejected the request: {message}")
-    if status in (502, 503):
-        return BackendUnavailable(f"SGLang is unavailable ({status}): {message}")
-    if status == 504:
-        return BackendTimeout(f"SGLang timed out: {message}")
-    return BackendError(f"SGLang failed with HTTP {status}: {message}")
-
-
-def _stream_error(event) -> ProxyError | None:
-    """An error event, or SGLang's scheduler refusing the request (an abort carrying an HTTP status
-    before any token, e.g. an input past max_req_input_len)."""
-    if not isinstance(event, dict):
-        return BackendError(f"SGLang sent an unexpected stream event: {str(event)[:200]}")
-    if "error" in event:
-        return _error_from_body(event)
-    finish = (event.get("meta_info") or {}).get("finish_reason")
-    if not finish:  # every event but the last
-        return None
-    status = finish.get("status_code") if isinstance(finish, dict) else None
-    if finish.get("type") == "abort" and isinstance(status, int) and status >= 400 and not event.get("output_ids"):
-        return _error_from_status(status, orjson.dumps({"message": finish.get("message")}))
-    return None
-
-
-def _error_from_body(event: dict) -> ProxyError:
-    message = _message_of(event) or "unknown error"
-    code = event["error"].get("code") if isinstance(event.get("error"), dict) else None
-    if code == 400:
-        return InvalidRequest(f"SGLang rejected the request: {message}")
-    return BackendError(f"SGLang failed: {message}")
-
-
-def _message_of(parsed) -> str | None:
-    if not isinstance(parsed, dict):
-        return None
-    error = parsed.get("error")
-    if isinstance(error, dict):
-        return error.get("message")
-    if isinstance(error, str):
-        return error
-    return parsed.get("message")
 
 
 # --- calls on behalf of one client request: nothing keeps generating for nobody -----------------
@@ -418,25 +297,70 @@ def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
         ctx.spawn(ctx.client.abort(rid))
 
 
-# --- the pool, and the one retry a closed idle connection earns ---------------------------------
+# --- the pool, and the one retry point ------------------------------------------------------------
 
-RETRY_REASONS = ("disconnected", "reset")  # the metric's label values, created at 0
+T = TypeVar("T")
 
 
-class _Attempt:
-    """Filled in by the connector while a request is being sent: did it get a pooled connection?"""
+class Reloads(Protocol):
+    """What re-loads lost adapters: LoraAdmin, or a worker process's RemoteLora."""
 
-    __slots__ = ("reused",)
+    async def resync(self) -> None: ...
+
+
+class Attempt:
+    """Filled in while a call is being sent: did it get a pooled connection, did the answer begin?"""
+
+    __slots__ = ("answered", "reused")
 
     def __init__(self) -> None:
         self.reused = False
+        self.answered = False
 
 
-_ATTEMPT: ContextVar[_Attempt | None] = ContextVar("sglang_attempt", default=None)
+_ATTEMPT: ContextVar[Attempt | None] = ContextVar("sglang_attempt", default=None)
+
+
+async def retrying(send: Callable[[bool], Awaitable[T]], *, reload: Reloads | None = None,
+                   on_retry: Callable[[str], None] | None = None) -> T:
+    """`await send(False)`; once more as `send(True)` (True: on a fresh connection) when a retry rule
+    finds a reason: `reload.resync()` first for a lost adapter, `on_retry(reason)` for a stale connection."""
+    attempt = Attempt()
+    token = _ATTEMPT.set(attempt)
+    try:
+        return await send(False)
+    except (ProxyError, aiohttp.ClientError) as exc:
+        reason = again_because(exc, reused=attempt.reused, answered=attempt.answered, reloads=reload is not None)
+        if reason is None:
+            raise
+    finally:
+        _ATTEMPT.reset(token)
+    if reason == LOST_ADAPTER:
+        await reload.resync()
+    elif on_retry is not None:
+        on_retry(reason)
+    return await send(True)
+
+
+async def request(session: aiohttp.ClientSession, method: str, url: str, **kwargs) -> aiohttp.ClientResponse:
+    """One HTTP request, until its status and headers are in (the attempt notes that the answer began)."""
+    resp = await session.request(method, url, **kwargs)
+    attempt = _ATTEMPT.get()
+    if attempt is not None:
+        attempt.answered = True
+    return resp
+
+
+async def send(pooled: aiohttp.ClientSession, fresh: aiohttp.ClientSession | None, method: str, url: str,
+               on_retry: Callable[[str], None] | None = None, **kwargs) -> aiohttp.ClientResponse:
+    """`method url` through the pool, until the response's status and headers are in (read or release
+    the response); sent once more on a fresh connection when the pooled one was stale."""
+    return await retrying(lambda again: request(fresh if again and fresh else pooled, method, url, **kwargs),
+                          on_retry=on_retry)
 
 
 class ReuseAwareConnector(aiohttp.TCPConnector):
-    """aiohttp's TCP pool that tells the request in progress (through a context variable, set in the
+    """aiohttp's TCP pool that tells the call in progress (through a context variable, set in the
     sending task) whether the connection it got has carried a request before. Cheaper than a
     TraceConfig, which costs every request a dozen awaited signals."""
 
@@ -453,40 +377,6 @@ class ReuseAwareConnector(aiohttp.TCPConnector):
                 attempt.reused = protocol in self._used
             self._used.add(protocol)
         return conn
-
-
-def stale_reason(exc: BaseException) -> str | None:
-    """The retry's reason when `exc` is how a connection the server closed while idle fails before
-    the answer: "disconnected" (EOF before the status line) or "reset" (RST on write or read)."""
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "disconnected"
-    if isinstance(exc, aiohttp.ClientConnectorError):  # a connect that failed: never a reused connection
-        return None
-    if isinstance(exc, ConnectionResetError | BrokenPipeError):  # ClientConnectionResetError included
-        return "reset"
-    if isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE):
-        return "reset"
-    return None
-
-
-async def send(pooled: aiohttp.ClientSession, fresh: aiohttp.ClientSession | None, method: str, url: str,
-               on_retry: Callable[[str], None] | None = None, **kwargs) -> aiohttp.ClientResponse:
-    """`method url` through the pool, until the response's status and headers are in (read or
-    release the response). Sent again, once, on a fresh connection when the pooled one was reused
-    and failed before any answer (module docstring)."""
-    attempt = _Attempt()
-    token = _ATTEMPT.set(attempt)
-    try:
-        return await pooled.request(method, url, **kwargs)
-    except aiohttp.ClientError as exc:
-        reason = stale_reason(exc) if attempt.reused else None
-        if reason is None:
-            raise
-    finally:
-        _ATTEMPT.reset(token)
-    if on_retry is not None:
-        on_retry(reason)
-    return await (fresh or pooled).request(method, url, **kwargs)
 
 
 @contextlib.asynccontextmanager

@@ -1,6 +1,6 @@
-"""A streamed /generate's time limits, on one timer, for both stream readers (sglang/relay.py and
-aiohttp's path in sglang/client.py): SGLang's first output within `first_s`, no gap longer than `idle_s`
-while the reader waits for data, and (the relay's own connection) the whole answer within `total_s`.
+"""A streamed /generate's time limits, on one timer, for the stream reader (sglang/relay.py): SGLang's first
+output within `first_s`, no gap longer than `idle_s` while the reader waits for data, and the whole answer
+within `total_s`.
 
 The timer is re-armed only when it fires, never per read: a read costs the reader one `touch()` (or
 setting `since`). The BackendTimeout is built when a limit is hit, not when the timer starts, so a stream

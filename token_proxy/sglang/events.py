@@ -1,28 +1,24 @@
-"""SGLang's streamed /generate body -> events: the one SSE decoder both stream readers use (the callback
-relay, sglang/relay.py, and aiohttp's path, sglang/client.py).
+"""SGLang's streamed /generate body -> events: the SSE decoder of the stream reader (sglang/relay.py).
 
 A network read holds any number of events and may end mid-event: `EventDecoder` keeps the tail for the
 next read. Every event is `data: <json>`; `data: [DONE]` ends the stream; an event carrying an error (or
 SGLang's scheduler refusing the request) ends it with that error after the events before it. What one
-event means (its JSON, SGLang's error shapes) is sglang/client.py's `_parse_event`, passed in: the same
-JSON and error rules serve its non-streamed replies, which never run this module.
+event means (its JSON, SGLang's error shapes) is sglang/replies.py's `parse_event`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from token_proxy.sglang.replies import DONE_EVENT, parse_event
 
-DONE_EVENT = object()  # what the event parser returns for SGLang's [DONE]
-Parse = Callable[[bytes], tuple[object, BaseException | None]]  # raw event -> (event | DONE_EVENT | None, error)
+__all__ = ["DONE_EVENT", "EventDecoder"]
 
 
 class EventDecoder:
     """One stream's SSE bytes -> its events (per read: the events complete so far, and what ends the stream)."""
 
-    __slots__ = ("_parse", "pending")
+    __slots__ = ("pending",)
 
-    def __init__(self, parse: Parse) -> None:
-        self._parse = parse
+    def __init__(self) -> None:
         self.pending = b""  # SSE bytes after the last complete event
 
     def feed(self, data: bytes) -> tuple[list[dict], object]:
@@ -36,9 +32,8 @@ class EventDecoder:
         events = []
         if not raw_events:
             return events, None
-        parse = self._parse
         for raw in raw_events:
-            event, error = parse(raw)
+            event, error = parse_event(raw)
             if error is not None:
                 return events, error
             if event is None:

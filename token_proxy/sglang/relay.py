@@ -1,30 +1,35 @@
-"""A streamed /generate read with protocol callbacks: SGLang's events reach the client without a task
-wake-up per event.
+"""The stream reader: a streamed /generate read with protocol callbacks, so SGLang's events reach the
+client without a task wake-up per event. Every SGLang stream is read here (http and https alike).
 
 aiohttp's client hands every network read to a StreamReader, wakes the handler's task, which resumes
-its generators, translates, and awaits the server's writer: most of a stream's CPU per token. Here
-the connection's own `data_received` parses the HTTP response (status, headers, chunked framing),
-splits SSE events and passes each read's events to a synchronous `sink` (translate + write to the
-client's transport). The handler's task only waits for the end, or for the client to drain when it
-reads slower than SGLang writes (then SGLang's connection stops being read: TCP flow control).
+its generators, translates, and awaits the server's writer: most of a stream's CPU per token. Here the
+connection's own `data_received` frames the HTTP response (sglang/http1.py, sans-IO), splits SSE events
+(sglang/events.py; what they mean: sglang/replies.py) and passes each read's events to a synchronous
+`sink` (translate + write to the client's transport). The handler's task only waits for the end, or for
+the client to drain when it reads slower than SGLang writes (then SGLang's connection stops being read:
+TCP flow control).
 
 Before `relay` starts (the first batch, read while the response's status is still open), events are
-queued for `first`. Every failure is a typed error, with the messages aiohttp's path gives: both readers
-decode events with sglang/events.py and keep time with sglang/deadline.py.
-One connection per stream (`Connection: close`): SGLang closes it after the last chunk.
+queued for `first`. Every failure is a typed error (sglang/replies.py's for SGLang's answers); time
+limits are sglang/deadline.py's. One connection per stream (`Connection: close`, TLS for an https URL):
+SGLang closes it after the last chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.sglang.deadline import Deadline
 from token_proxy.sglang.events import DONE_EVENT, EventDecoder
+from token_proxy.sglang.http1 import FramingError, ResponseFramer
+from token_proxy.sglang.replies import error_from_status
 
 Sink = Callable[[list], bool]  # a read's events -> True to stop reading (the proxy ended the output)
 _LINGER_S = 2.0  # after a clean end, how long SGLang gets to close first (so no TIME_WAIT here)
@@ -38,39 +43,39 @@ class Downstream:
     async def drained(self) -> None: ...
 
 
-def relay_target(base_url: str) -> tuple[str, int, str] | None:
-    """(host, port, path prefix) of a plain-http SGLang URL; None: use aiohttp (https, odd URLs)."""
+class Target(NamedTuple):
+    host: str
+    port: int
+    prefix: str  # the URL's path, before /generate
+    tls: bool
+
+
+def relay_target(base_url: str) -> Target:
+    """Where an SGLang URL's streams connect; a URL that is not http(s)://host[:port][/prefix] fails here
+    (Settings checks the flag's URL at start-up, so this is for URLs learned later)."""
     parts = urlsplit(base_url)
-    if parts.scheme != "http" or not parts.hostname:
-        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BackendUnavailable(f"SGLang at {base_url} is unreachable: not an http(s) URL")
+    tls = parts.scheme == "https"
     try:
-        port = parts.port or 80
+        port = parts.port or (443 if tls else 80)
     except ValueError:
-        return None
-    return parts.hostname, port, parts.path.rstrip("/")
+        raise BackendUnavailable(f"SGLang at {base_url} is unreachable: bad port") from None
+    return Target(parts.hostname, port, parts.path.rstrip("/"), tls)
 
 
 class RelayStream(asyncio.Protocol):
     """One streamed POST on its own connection (create with `open_relay`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str,
-                 parse_event: Callable[[bytes], tuple[dict | None, ProxyError | None]],
-                 error_from_status: Callable[[int, bytes], ProxyError], coalesce_s: float = 0.0):
-        """`parse_event`, `error_from_status`: sglang/client.py's (it passes them; the decoder is events.py's).
-        `coalesce_s` > 0: after each relayed read, SGLang's connection rests unread this long, so what SGLang
+    def __init__(self, loop: asyncio.AbstractEventLoop, base_url: str, coalesce_s: float = 0.0):
+        """`coalesce_s` > 0: after each relayed read, SGLang's connection rests unread this long, so what SGLang
         sends meanwhile arrives as one read and leaves as one write (the first batch is never held)."""
         self._loop = loop
         self._base_url = base_url
-        self._decoder = EventDecoder(parse_event)
+        self._decoder = EventDecoder()
         self._feed = self._decoder.feed  # bound once: it runs per network read
-        self._error_from_status = error_from_status
+        self._http = ResponseFramer()
         self.transport: asyncio.Transport | None = None
-        self._buf = b""  # raw bytes not yet parsed (headers or chunk framing)
-        self._status: int | None = None
-        self._chunked = False
-        self._length: int | None = None  # body bytes left (Content-Length; None: until the close)
-        self._left = 0  # bytes left of the current chunk's payload
-        self._skip = 0  # bytes left of the CRLF after it
         self._body = b""  # a non-200 answer's body
         self._queue: list[list[dict]] = []
         self._sink: Sink | None = None
@@ -165,7 +170,7 @@ class RelayStream(asyncio.Protocol):
         self._lost = True
         if self._ended or self._error is not None:
             return
-        if self._status is not None and not self._chunked and self._length is None:
+        if self._http.ends_at_close():
             try:  # a body delimited by the connection's close
                 self._body_end()
             except ProxyError as error:
@@ -179,111 +184,27 @@ class RelayStream(asyncio.Protocol):
             return
         try:
             self._received(data)
+        except FramingError as exc:
+            self._fail(BackendUnavailable(f"SGLang closed the connection mid-response: {exc}"))
         except ProxyError as exc:
             self._fail(exc)
         except Exception as exc:  # noqa: BLE001 - the sink's (client's) failure ends this stream, typed
             self._fail(exc)
 
     def _received(self, data: bytes) -> None:
-        buf = self._buf + data if self._buf else data
-        self._buf = b""
-        if self._status is None:
-            buf = self._headers(buf)
-            if buf is None:
-                return
-        if not self._chunked:
-            if self._length is not None:
-                buf = buf[: self._length]
-                self._length -= len(buf)
-            self._body_bytes(buf)
-            if self._length == 0:
-                self._body_end()
-            return
-        out = []
-        pos, size = 0, len(buf)
-        while pos < size:
-            if self._skip:  # the CRLF after a chunk's payload
-                n = min(self._skip, size - pos)
-                pos += n
-                self._skip -= n
-                continue
-            if self._left:  # a chunk's payload
-                n = min(self._left, size - pos)
-                out.append(buf[pos:pos + n])
-                pos += n
-                self._left -= n
-                if not self._left:
-                    self._skip = 2
-                continue
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                break
-            try:  # the common size line inline; _chunk_size for extensions and errors
-                length = int(buf[pos:eol], 16)
-            except ValueError:
-                length = -1
-            if length < 0:
-                length = _chunk_size(buf[pos:eol])
-            pos = eol + 2
-            if length == 0:  # the last chunk (trailers, if any, are not read)
-                if out:
-                    self._body_bytes(b"".join(out))
-                if not self._ended and self._error is None:
-                    self._body_end()
-                return
-            end = pos + length
-            if end + 2 <= size:  # the whole chunk and its CRLF (SGLang writes an event per chunk)
-                out.append(buf[pos:end])
-                pos = end + 2
-                continue
-            self._left = length
-        self._buf = buf[pos:] if pos < size else b""
-        if out and self._status == 200:  # _body_bytes inlined: one SGLang event per network read lands here
-            events, end = self._feed(out[0] if len(out) == 1 else b"".join(out))
-            if events:
-                self._deliver(events)
-            if end is not None:
-                self._stream_end(end)
-        elif out:
-            self._body_bytes(b"".join(out))
-
-    def _headers(self, buf: bytes) -> bytes | None:
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                self._buf = buf
-                return None
-            head, buf = buf[:end].decode("latin-1").split("\r\n"), buf[end + 4:]
-            try:
-                status = int(head[0].split(" ", 2)[1])
-            except (IndexError, ValueError):
-                raise BackendUnavailable(f"SGLang closed the connection mid-response: bad status line "
-                                         f"{head[0][:80]!r}") from None
-            if 100 <= status < 200:
-                continue
-            self._status = status
-            for line in head[1:]:
-                name, _, value = line.partition(":")
-                name = name.strip().lower()
-                if name == "transfer-encoding" and "chunked" in value.lower():
-                    self._chunked = True
-                elif name == "content-length":
-                    self._length = int(value.strip())
-            if self._chunked:
-                self._length = None
-            return buf
-
-    def _body_bytes(self, data: bytes) -> None:
-        if not data:
-            return
-        if self._status != 200:
-            self._body += data
-            return
-        events, end = self._feed(data)
-        if events:
-            self._deliver(events)
-        if end is not None:
-            self._stream_end(end)
+        http = self._http
+        body = http.feed(data)
+        if http.status == 200:
+            if body:  # one SGLang event per network read lands here
+                events, end = self._feed(body)
+                if events:
+                    self._deliver(events)
+                if end is not None:
+                    self._stream_end(end)
+        elif body:
+            self._body += body
+        if http.done and not self._ended and self._error is None:
+            self._body_end()
 
     def _stream_end(self, end: object) -> None:
         """What ends the stream, after the events before it: [DONE], or an error (raised)."""
@@ -292,8 +213,8 @@ class RelayStream(asyncio.Protocol):
         self._end()
 
     def _body_end(self) -> None:
-        if self._status != 200:
-            self._fail(self._error_from_status(self._status, self._body))
+        if self._http.status != 200:
+            self._fail(error_from_status(self._http.status, self._body))
             return
         events, end = self._decoder.close()
         if events:
@@ -344,19 +265,6 @@ class RelayStream(asyncio.Protocol):
             self.transport.close()
 
 
-def _chunk_size(line: bytes) -> int:
-    try:
-        size = int(line, 16)
-    except ValueError:
-        try:  # a chunk extension
-            size = int(line.split(b";", 1)[0], 16)
-        except ValueError:
-            size = -1
-    if size < 0:
-        raise BackendUnavailable(f"SGLang closed the connection mid-response: bad chunk size {line[:40]!r}")
-    return size
-
-
 def cached_resolver(ttl_s: float = 10.0) -> Callable[[str], Awaitable[str]]:
     """host -> an address connect() takes without a lookup, refreshed every `ttl_s` (as aiohttp's
     connector caches DNS): a name would otherwise cost a getaddrinfo in a thread per stream."""
@@ -377,26 +285,37 @@ def cached_resolver(ttl_s: float = 10.0) -> Callable[[str], Awaitable[str]]:
     return resolve
 
 
-async def open_relay(base_url: str, target: tuple[str, int, str], path: str, body: bytes, *,
-                     connect_s: float | None, total_s: float | None, idle_s: float | None,
-                     first_token_s: float | None, parse_event, error_from_status,
-                     resolve: Callable[[str], Awaitable[str]], coalesce_s: float = 0.0) -> RelayStream:
-    """Connect and send the POST; the response is read as it comes (see RelayStream)."""
-    host, port, prefix = target
+async def open_relay(base_url: str, target: Target, path: str, body: bytes, *, connect_s: float | None,
+                     total_s: float | None, idle_s: float | None, first_token_s: float | None,
+                     resolve: Callable[[str], Awaitable[str]], coalesce_s: float = 0.0,
+                     ssl_context: ssl.SSLContext | None = None, headers: bytes = b"") -> RelayStream:
+    """Connect (TLS for an https target: `ssl_context`, or the system's trust store) and send the POST;
+    the response is read as it comes (see RelayStream). `headers`: extra header lines, each ending in CRLF."""
     loop = asyncio.get_running_loop()
-    stream = RelayStream(loop, base_url, parse_event, error_from_status, coalesce_s)
-    try:
-        await asyncio.wait_for(loop.create_connection(lambda: stream, await resolve(host), port), connect_s)
-    except asyncio.TimeoutError:
-        raise BackendTimeout("SGLang did not answer in time") from None
-    except OSError as exc:
-        raise BackendUnavailable(f"SGLang at {base_url} is unreachable: Cannot connect to host {host}:{port} "
-                                 f"[{exc.strerror or exc}]") from exc
-    name = f"[{host}]" if ":" in host else host
-    host_header = name if port == 80 else f"{name}:{port}"
-    stream.transport.write(b"POST %b%b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-                           b"Accept: text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b"
-                           % (prefix.encode(), path.encode(), host_header.encode(), len(body), body))
+    stream = RelayStream(loop, base_url, coalesce_s)
+    await _connect(loop, stream, base_url, target, connect_s, resolve, ssl_context)
+    stream.transport.write(_request(target, path, body, headers))
     stream.start_timers(first_token_s, idle_s, total_s)
     return stream
 
+
+async def _connect(loop, stream: RelayStream, base_url: str, target: Target, connect_s: float | None,
+                   resolve: Callable[[str], Awaitable[str]], ssl_context: ssl.SSLContext | None) -> None:
+    host, port = target.host, target.port
+    tls = (ssl_context or ssl.create_default_context()) if target.tls else None
+    try:
+        await asyncio.wait_for(loop.create_connection(lambda: stream, await resolve(host), port, ssl=tls,
+                                                      server_hostname=host if tls else None), connect_s)
+    except asyncio.TimeoutError:
+        raise BackendTimeout("SGLang did not answer in time") from None
+    except OSError as exc:  # ssl.SSLError included (a certificate not trusted)
+        raise BackendUnavailable(f"SGLang at {base_url} is unreachable: Cannot connect to host {host}:{port} "
+                                 f"[{exc.strerror or exc}]") from exc
+
+
+def _request(target: Target, path: str, body: bytes, headers: bytes) -> bytes:
+    name = f"[{target.host}]" if ":" in target.host else target.host
+    host_header = name if target.port == (443 if target.tls else 80) else f"{name}:{target.port}"
+    return (b"POST %b%b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
+            b"Accept: text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n%b\r\n%b"
+            % (target.prefix.encode(), path.encode(), host_header.encode(), len(body), headers, body))

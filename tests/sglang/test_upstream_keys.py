@@ -1,0 +1,96 @@
+"""Keys and SGLang (issue 32.5): a client's credentials never reach SGLang, whatever route they came by
+(chat, whole and streamed; the pass-through; an admin fan-out), and with --sglang-api-key every call the
+proxy makes to SGLang carries that key: discovery, health, /generate (pool and relayed stream), aborts,
+admin calls, the pass-through and the /metrics scrape."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from aiohttp import web
+
+from token_proxy.simulator import SimConfig, create_sim_app
+
+USER = [{"role": "user", "content": "What is the capital of France?"}]
+API_KEY, ADMIN_KEY, SGLANG_KEY = "client-api-key", "client-admin-key", "sglang-own-key"
+
+
+@pytest.fixture
+def recording_sim(aiohttp_server, tokenizer_dir):
+    """The simulator behind a middleware that records (method, path, Authorization, X-API-Key) of every call."""
+    async def factory():
+        seen: list[tuple[str, str, str | None, str | None]] = []
+
+        @web.middleware
+        async def record(request, handler):
+            seen.append((request.method, request.path, request.headers.get("Authorization"),
+                         request.headers.get("X-API-Key")))
+            return await handler(request)
+
+        app = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir), enable_deterministic_inference=True))
+        app.middlewares.insert(0, record)
+        return await aiohttp_server(app), seen
+
+    return factory
+
+
+async def client_calls(proxy) -> None:
+    """Chat (whole, streamed, one the client leaves), a native route through the pass-through, an admin
+    call: each with the client's keys in Authorization and X-API-Key."""
+    user = {"Authorization": f"Bearer {API_KEY}", "X-API-Key": API_KEY}
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}", "X-API-Key": ADMIN_KEY}
+    for stream in (False, True):
+        resp = await proxy.post("/v1/chat/completions", headers=user, data=orjson.dumps(
+            {"messages": USER, "max_tokens": 3, "stream": stream}))
+        assert resp.status == 200
+        await resp.read()
+    resp = await proxy.post("/generate", headers=admin, json={"input_ids": [785, 3974], "sampling_params":
+                                                              {"max_new_tokens": 2, "temperature": 0}})
+    assert resp.status == 200 and (await resp.json())["meta_info"]["completion_tokens"] == 2
+    resp = await proxy.post("/flush_cache", headers=admin)
+    assert resp.status == 200
+    resp = await proxy.post("/v1/chat/completions", headers=user, data=orjson.dumps(
+        {"messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}))
+    assert resp.status == 200
+    await resp.content.readany()
+    resp.close()  # the client leaves: the proxy aborts the SGLang request
+
+
+async def wait_for(seen, path: str) -> None:
+    for _ in range(200):
+        if any(p == path for _, p, _, _ in seen):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"SGLang never got {path}: {sorted({p for _, p, _, _ in seen})}")
+
+
+async def test_no_client_key_reaches_sglang(recording_sim, make_proxy):
+    sim, seen = await recording_sim()
+    proxy = await make_proxy(sim, api_key=API_KEY, admin_key=ADMIN_KEY)
+    await client_calls(proxy)
+    await wait_for(seen, "/abort_request")
+    assert {path for _, path, _, _ in seen} >= {"/generate", "/flush_cache", "/abort_request"}
+    assert [call for call in seen if call[2] is not None or call[3] is not None] == []
+
+
+async def test_every_call_to_sglang_carries_its_own_key(recording_sim, make_proxy):
+    sim, seen = await recording_sim()
+    proxy = await make_proxy(sim, api_key=API_KEY, admin_key=ADMIN_KEY, sglang_api_key=SGLANG_KEY,
+                             backend_metrics_interval_s=0.05)
+    await client_calls(proxy)
+    await wait_for(seen, "/abort_request")
+    await wait_for(seen, "/metrics")
+    paths = {path for _, path, _, _ in seen}
+    assert paths >= {"/health", "/generate", "/flush_cache", "/abort_request", "/metrics"}
+    assert len([p for _, p, _, _ in seen if p == "/generate"]) == 4  # pooled, relayed, pass-through, left
+    assert {(auth, key) for _, _, auth, key in seen} == {(f"Bearer {SGLANG_KEY}", None)}
+
+
+def test_the_flag_and_its_environment_variable():
+    from token_proxy.cli import parse_settings
+
+    assert parse_settings(["--sglang-api-key", "k1"], {}).sglang_api_key == "k1"
+    assert parse_settings([], {"TOKEN_PROXY_SGLANG_API_KEY": "k2"}).sglang_api_key == "k2"
+    assert "k2" not in repr(parse_settings([], {"TOKEN_PROXY_SGLANG_API_KEY": "k2"}))

@@ -1,0 +1,102 @@
+"""What SGLang's replies mean: pure functions from its bytes to events and typed errors (no I/O).
+
+One home for SGLang's reply shapes, read by every caller: the stream's SSE events (`parse_event`, which
+sglang/events.py's decoder imports), a non-200 answer (`error_from_status`), a JSON body that is
+not (`loads`, `invalid_json`), and SGLang's words for an adapter a worker does not hold
+(`is_lost_adapter`, a retry rule's test).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest, ProxyError
+
+DONE_EVENT = object()  # what parse_event returns for SGLang's [DONE]
+
+# SGLang's words on /generate for an adapter a (restarted) worker does not hold.
+LOST_ADAPTER = ("has never been loaded", "are not loaded")
+
+
+def parse_event(raw: bytes) -> tuple[dict | object | None, ProxyError | None]:
+    """One raw SSE event -> (the event, or DONE_EVENT, or None: no data) or its error."""
+    data = event_data(raw)
+    if data is None:
+        return None, None
+    if data == b"[DONE]":
+        return DONE_EVENT, None
+    event = loads(data)
+    return event, stream_error(event)
+
+
+def event_data(event: bytes) -> bytes | None:
+    if event.startswith(b"data: ") and b"\n" not in event:  # SGLang's one-line events
+        return event[6:]
+    lines = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def loads(body: bytes):
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_json(body) from exc
+
+
+def invalid_json(body: bytes) -> BackendError:
+    return BackendError(f"SGLang sent invalid JSON: {body[:200]!r}")
+
+
+def error_from_status(status: int, body: bytes) -> ProxyError:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    message = message_of(parsed) or body.decode("utf-8", "replace").strip() or f"HTTP {status}"
+    if status == 400:
+        return InvalidRequest(f"SGLang rejected the request: {message}")
+    if status in (502, 503):
+        return BackendUnavailable(f"SGLang is unavailable ({status}): {message}")
+    if status == 504:
+        return BackendTimeout(f"SGLang timed out: {message}")
+    return BackendError(f"SGLang failed with HTTP {status}: {message}")
+
+
+def stream_error(event) -> ProxyError | None:
+    """An error event, or SGLang's scheduler refusing the request (an abort carrying an HTTP status
+    before any token, e.g. an input past max_req_input_len)."""
+    if not isinstance(event, dict):
+        return BackendError(f"SGLang sent an unexpected stream event: {str(event)[:200]}")
+    if "error" in event:
+        return error_from_body(event)
+    finish = (event.get("meta_info") or {}).get("finish_reason")
+    if not finish:  # every event but the last
+        return None
+    status = finish.get("status_code") if isinstance(finish, dict) else None
+    if finish.get("type") == "abort" and isinstance(status, int) and status >= 400 and not event.get("output_ids"):
+        return error_from_status(status, orjson.dumps({"message": finish.get("message")}))
+    return None
+
+
+def error_from_body(event: dict) -> ProxyError:
+    message = message_of(event) or "unknown error"
+    code = event["error"].get("code") if isinstance(event.get("error"), dict) else None
+    if code == 400:
+        return InvalidRequest(f"SGLang rejected the request: {message}")
+    return BackendError(f"SGLang failed: {message}")
+
+
+def message_of(parsed) -> str | None:
+    if not isinstance(parsed, dict):
+        return None
+    error = parsed.get("error")
+    if isinstance(error, dict):
+        return error.get("message")
+    if isinstance(error, str):
+        return error
+    return parsed.get("message")
+
+
+def is_lost_adapter(message: str) -> bool:
+    """SGLang refused a request because the worker does not hold the adapter (it restarted)."""
+    return any(words in message for words in LOST_ADAPTER)
