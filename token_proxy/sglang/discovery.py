@@ -194,7 +194,10 @@ async def _connect_once(ctx: ProxyContext, before_load: Callable[[], None] | Non
         ctx.loading_tokenizer = None
     ctx.set_connected(backend, describe_tokenizer(tokenizer),
                       PromptRenderer(tokenizer, ctx.executor, ctx.settings.prompt_cache_size,
-                                     busy=lambda: bool(ctx.in_flight)),
+                                     busy=lambda: bool(ctx.in_flight), cache_bytes=ctx.settings.prompt_cache_bytes,
+                                     # the longest prompt resolve_max_tokens lets through (one token of room)
+                                     max_prompt_ids=min(backend.max_prompt_len or backend.max_model_len,
+                                                        backend.max_model_len - 1)),
                       TokenTexts(tokenizer), _tool_parser(ctx, tokenizer))
 
 
