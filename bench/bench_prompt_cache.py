@@ -1,9 +1,9 @@
 """The rendered-prompt cache on a hit: what a hit costs and what a cached prompt holds, per code tree.
 
 For chat prompts of about 100 to 32,000 ids (the built-in Qwen2 tokenizer), each code tree's
-PromptRenderer (in its own process, idle: renders on the loop) is timed on a cache hit (render_chat of a
-prompt already cached: key, lookup, the caller's list), and the memory one cached prompt keeps is read
-with tracemalloc. The trees run in turn, `--rounds` times; each cell is the best round's median.
+PromptRenderer (in its own process, idle: renders on the loop up to 32 KiB) is timed on a cache hit
+(render_chat of a prompt already cached: key, lookup, the caller's list) and on a miss (a distinct
+prompt: render, tokenize, store), and the memory one cached prompt keeps is read with tracemalloc. The trees run in turn, `--rounds` times; each row is the round with the best hit median.
 
     git archive 2d480d5 token_proxy | tar -x -C /tmp/cache-before   # the code before issue 32
     python bench/bench_prompt_cache.py --code /tmp/cache-before --code .
@@ -45,12 +45,16 @@ async def measure(tokenizer_dir: str, hits: int, repeats: int) -> list[dict]:
             renderer = PromptRenderer(tokenizer, pool, 4096, busy=lambda: False)
             chat = prompt(size, "hit")
             ids = len((await renderer.render_chat(chat)).ids)
-            samples = []
+            samples, misses = [], []
             for _ in range(repeats):
                 start = time.perf_counter()
                 for _ in range(hits):
                     await renderer.render_chat(chat)
                 samples.append((time.perf_counter() - start) / hits)
+            for k in range(repeats):
+                start = time.perf_counter()
+                await renderer.render_chat(prompt(size, f"miss {k}"))
+                misses.append(time.perf_counter() - start)
             gc.collect()
             tracemalloc.start()
             before = tracemalloc.get_traced_memory()[0]
@@ -59,7 +63,8 @@ async def measure(tokenizer_dir: str, hits: int, repeats: int) -> list[dict]:
             gc.collect()
             kept = tracemalloc.get_traced_memory()[0] - before
             tracemalloc.stop()
-            rows.append({"ids": ids, "hit_us": statistics.median(samples) * 1e6, "kept_bytes": kept})
+            rows.append({"ids": ids, "hit_us": statistics.median(samples) * 1e6,
+                         "miss_ms": statistics.median(misses) * 1e3, "kept_bytes": kept})
     return rows
 
 
@@ -94,12 +99,12 @@ def main() -> None:
             rows = json.loads(out.strip().splitlines()[-1])
             best[code] = rows if code not in best else [
                 min(old, new, key=lambda row: row["hit_us"]) for old, new in zip(best[code], rows)]
-    print("| code | prompt ids | hit µs | µs per 1k ids | bytes kept per cached prompt | bytes per id |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| code | prompt ids | hit µs | hit µs per 1k ids | miss ms | bytes kept per cached prompt | bytes per id |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for code in codes:
         for row in best[code]:
             print(f"| {os.path.relpath(code)} | {row['ids']:,} | {row['hit_us']:.1f} | "
-                  f"{row['hit_us'] * 1000 / row['ids']:.1f} | {row['kept_bytes']:,} | "
+                  f"{row['hit_us'] * 1000 / row['ids']:.1f} | {row['miss_ms']:.2f} | {row['kept_bytes']:,} | "
                   f"{row['kept_bytes'] / row['ids']:.1f} |")
 
 

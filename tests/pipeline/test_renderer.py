@@ -7,8 +7,6 @@ import asyncio
 import copy
 import gc
 import os
-import sys
-from array import array
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -125,18 +123,20 @@ def _chat(text: str) -> ChatPrompt:
     return ChatPrompt([{"role": "user", "content": text}])
 
 
-async def test_the_cache_is_bounded_in_bytes_and_keeps_ids_as_uint32(hf_tokenizer, executor):
+async def test_the_cache_is_bounded_in_bytes_and_shares_the_vocabularys_ints(hf_tokenizer, executor):
     prompts = [_chat(f"prompt {i}: " + "word " * 200) for i in range(3)]
     ids = [list(render_chat_ids(hf_tokenizer, p)) for p in prompts]
-    sizes = [entry_bytes(array("I", i)) for i in ids]
-    assert sizes[0] == sys.getsizeof(array("I", ids[0])) + 153 and len(ids[0]) == 213
+    sizes = [entry_bytes(tuple(i)) for i in ids]
+    assert sizes[0] == 8 * 213 + 40 + 153 and len(ids[0]) == 213  # 8 bytes an id, the key and the LRU node
     renderer = PromptRenderer(hf_tokenizer, executor, cache_size=100, busy=lambda: False,
                               cache_bytes=sizes[0] + sizes[1] + 10)  # room for two of the three
     for prompt in prompts:
         await renderer.render_chat(prompt)
     assert renderer.cached_bytes == sizes[1] + sizes[2]  # the least recently used went
-    assert [type(v) for v in renderer._cache.values()] == [array, array]
-    assert [v.typecode for v in renderer._cache.values()] == ["I", "I"]
+    assert [list(v) for v in renderer._cache.values()] == ids[1:]
+    # Each cached id is the one shared int object of the vocabulary, not one of its own (~28 bytes).
+    assert len(renderer._ints) == len(hf_tokenizer) == 151665
+    assert all(i is renderer._ints[i] for v in renderer._cache.values() for i in v)
     hit = await renderer.render_chat(prompts[2])
     assert (hit.cache_hit, hit.ids, type(hit.ids)) == (True, ids[2], list)
     hit.ids.append(0)  # the caller's own list
@@ -156,7 +156,7 @@ async def test_a_prompt_the_context_check_refuses_is_not_kept(hf_tokenizer, exec
     assert [r.cache_hit for r in results] == [False, True, True] and renderer.cached_bytes == 0
     assert (await renderer.render_chat(short)).cache_hit is False
     assert (await renderer.render_chat(short)).cache_hit is True
-    assert renderer.cached_bytes == entry_bytes(array("I", render_chat_ids(hf_tokenizer, short)))
+    assert renderer.cached_bytes == entry_bytes(render_chat_ids(hf_tokenizer, short))
     assert renderer._pending == {}
 
 
@@ -175,7 +175,7 @@ def _rss_bytes() -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads /proc/self/statm (Linux)")
 async def test_a_stream_of_big_refused_prompts_leaves_memory_flat(make_proxy, sim):
-    """Issue 32: each refused 2 MB prompt (~350k ids) stayed in the cache as a tuple of ints (~14 MB);
+    """Issue 32: each refused 2 MB prompt (~350k ids) stayed in the cache as a tuple of its own ints (~14 MB);
     25 of them grew RSS by ~350 MB. Now nothing is kept for them, and accepted prompts stay under the bound."""
     client = await make_proxy(sim, context_length=4096, prompt_cache_bytes=64 << 10)
     renderer = client.app[CONTEXT].renderer
@@ -199,12 +199,12 @@ async def test_a_stream_of_big_refused_prompts_leaves_memory_flat(make_proxy, si
     grown = _rss_bytes() - before
     assert grown < 50 << 20, f"RSS grew {grown / 2**20:.0f} MiB over 25 refused prompts"
     assert renderer.misses == 29 and len(renderer._cache) == 0
-    for i in range(30):  # accepted prompts (~1,000 ids, ~4 KiB each): kept up to the 64 KiB bound
+    for i in range(30):  # accepted prompts (~1,000 ids each): kept up to the 64 KiB bound
         reply = await client.post("/v1/chat/completions", json={
             "model": "sim/qwen2-tiny", "max_tokens": 1, "messages": [{"role": "user", "content": f"{i} " + "hi " * 1000}]})
         assert reply.status == 200, await reply.text()
         assert 0 < renderer.cached_bytes <= 64 << 10
-    assert 10 <= len(renderer._cache) < 30
+    assert len(renderer._cache) == 7  # the last 7 (8 bytes an id: ~8.2 KiB each)
 
 
 def test_the_byte_bound_is_a_flag_with_an_env_fallback(capsys):

@@ -17,7 +17,6 @@ import asyncio
 import hashlib
 import sys
 import time
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -31,14 +30,12 @@ from token_proxy.errors import InvalidRequest
 # Inputs up to this size (~8k tokens) may be rendered on the event loop: a bigger one would hold
 # probes (/health, /metrics) for milliseconds, and its thread hop is small beside its encode.
 INLINE_MAX_SIZE = 32 * 1024
-# Cached ids: unsigned 32-bit (every vocabulary fits), 4 bytes an id.
-ID_TYPECODE = "I"
-# What a cache entry holds beside its ids array: the 16-byte key (a bytes object) and the LRU's node.
+# What a cache entry holds beside its ids: the 16-byte key (a bytes object) and the LRU's node.
 KEY_AND_NODE_BYTES = 49 + 104
 
 
-def entry_bytes(ids: array) -> int:
-    """The bytes one cached prompt is counted as: its ids array (4 bytes an id), key and node."""
+def entry_bytes(ids: tuple[int, ...]) -> int:
+    """The bytes one cached prompt is counted as: its tuple of shared ints (8 bytes an id), key and node."""
     return sys.getsizeof(ids) + KEY_AND_NODE_BYTES
 
 
@@ -73,9 +70,12 @@ class ChatPrompt:
 class PromptRenderer:
     """Chat prompts rendered into ids, with an LRU cache bounded by entries (`cache_size`) and bytes
     (`cache_bytes`; 0 for either: no cache). A cached prompt is its key (a 16-byte digest of everything
-    the render depends on, never the prompt itself) and its ids as an array of uint32 (4 bytes an id,
-    where a tuple of ints holds ~36). A render with more ids than `max_prompt_ids` is not kept: the
-    context check refuses it (a truncate_prompt_tokens request may still take it, re-rendered each time)."""
+    the render depends on, never the prompt itself) and its ids as a tuple of the vocabulary's shared int
+    objects (`_ints`, built once: ~6 MB for 150k tokens): 8 bytes an id where the encoder's own ints
+    cost ~36, and a hit still only copies pointers (an array of uint32 would hold 4 bytes an id but
+    make every hit build its ints again: bench/bench_prompt_cache.py). A render with more ids than
+    `max_prompt_ids` is not kept: the context check refuses it (a truncate_prompt_tokens request may
+    still take it, re-rendered each time)."""
 
     def __init__(self, tokenizer, executor: Executor, cache_size: int, busy: Callable[[], bool] = lambda: True,
                  cache_bytes: int = 256 << 20, max_prompt_ids: int | None = None):
@@ -88,7 +88,8 @@ class PromptRenderer:
         self._cache_size = cache_size if cache_bytes > 0 else 0
         self._cache_bytes = cache_bytes
         self._max_prompt_ids = max_prompt_ids
-        self._cache: OrderedDict[bytes, array] = OrderedDict()
+        self._cache: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._ints: tuple[int, ...] = ()  # int i at index i, for every id of the vocabulary (built on first use)
         self._pending: dict[bytes, asyncio.Future] = {}  # renders in flight, shared by identical prompts
         self.cached_bytes = 0
         self.hits = 0
@@ -107,7 +108,7 @@ class PromptRenderer:
         if cached is not None:
             self.hits += 1
             self._cache.move_to_end(key)
-            return Rendered(cached.tolist(), True, 0.0)
+            return Rendered(list(cached), True, 0.0)
         future = self._pending.get(key)
         if future is not None:
             self.hits += 1
@@ -138,14 +139,26 @@ class PromptRenderer:
         ids = future.result()
         if self._max_prompt_ids is not None and len(ids) > self._max_prompt_ids:
             return
-        if 4 * len(ids) > self._cache_bytes or key in self._cache:
+        if 8 * len(ids) > self._cache_bytes or key in self._cache:
             return
-        stored = array(ID_TYPECODE, ids)
+        stored = self._shared(ids)
+        if stored is None:
+            return
         self._cache[key] = stored
         self.cached_bytes += entry_bytes(stored)
         while len(self._cache) > self._cache_size or self.cached_bytes > self._cache_bytes:
             _, dropped = self._cache.popitem(last=False)
             self.cached_bytes -= entry_bytes(dropped)
+
+    def _shared(self, ids: list[int]) -> tuple[int, ...] | None:
+        """The ids as the vocabulary's shared int objects (None: an id past the vocabulary, not kept)."""
+        if not self._ints:
+            self._ints = tuple(range(len(self.tokenizer)))
+        ints = self._ints
+        try:
+            return tuple([ints[i] for i in ids])
+        except (IndexError, TypeError):
+            return None
 
     def _start(self, size: int, fn, *args) -> asyncio.Future:
         """fn(*args) on the event loop when nothing else is being served and the input is small
