@@ -2,13 +2,21 @@
 faults happen, one at a time and then together, with every request's fate written down.
 
 Every request ends in one of:
-  ids     answered with token ids (a stream: ids, no error, and [DONE])
+  ids     answered as asked, checked strictly: every sample (n) with the ids and finish reason its request
+          calls for (max_tokens N with ignore_eos: exactly N ids and "length"; without: "length" with N
+          ids or "stop" with at most N), a stream with [DONE] after them; an admin call: 200 with the body
+          its API documents (/sleep: {"status": "sleeping", "level": L}, ...)
+  aborted a sample that ended with finish_reason "abort" while an admin call that aborts requests by
+          design was under way (vLLM's /sleep, /pause?mode=abort, /abort_requests); anywhere else an
+          aborted sample is lost
   error   answered with an error the client can act on: a status and a message that say what to do,
-          Retry-After on a 503 (SGLang unreachable or restarting, the proxy at capacity); a 4xx; SGLang's
-          own 502/504; or, in a stream already under way, an error event naming SGLang's failure
+          Retry-After on a 429/503 (SGLang unreachable or restarting, the proxy at capacity); SGLang's
+          own 502/504; a 409 to an admin call (its message names the call to make first); or, in a stream
+          already under way, an error event naming SGLang's failure
   lost    no answer (a hang past the client's limit, a connection the proxy dropped), a 500 or another
-          5xx that is the proxy's own doing, a 503 without Retry-After, a 200 without ids, a stream
-          that ends without [DONE] or an error event
+          5xx that is the proxy's own doing, a 429/503 without Retry-After, another 4xx (the requests are
+          valid), a 200 with fewer or more ids or samples than asked or the wrong finish reason, a stream
+          that ends without [DONE] or an error event, an admin 200 whose body is not the documented one
   left    the client itself left mid-stream (the fault "client disconnects")
   cut     in flight on a proxy worker killed with -9 (the kernel resets its connections at once: no
           process is left that could answer); counted apart from lost, and only within 2 s of the kill
@@ -60,8 +68,8 @@ from bench_proxy import free_port
 from cpu_groups import children
 
 ROOT = Path(__file__).resolve().parents[1]
-IDS, ERROR, LOST, LEFT, CUT = "ids", "error", "lost", "left", "cut"
-OUTCOMES = (IDS, ERROR, LOST, LEFT, CUT)
+IDS, ABORTED, ERROR, LOST, LEFT, CUT = "ids", "aborted", "error", "lost", "left", "cut"
+OUTCOMES = (IDS, ABORTED, ERROR, LOST, LEFT, CUT)
 CUT_WINDOW_S = 2.0
 REQUEST_LIMIT_S = 60.0  # a request unanswered this long is lost
 # SGLang's own failures the proxy passes on (its 500 is the proxy's own: never actionable).
@@ -84,46 +92,74 @@ def error_message(body: bytes) -> str | None:
     return message if isinstance(message, str) and message.strip() else None
 
 
-def classify_error(status: int, headers, body: bytes) -> tuple[str, str]:
-    """A non-200 answer -> (ERROR or LOST, why)."""
+@dataclass(frozen=True)
+class Expect:
+    """What a chat request asks for: `n` samples of `max_tokens` ids (exactly, with ignore_eos)."""
+
+    max_tokens: int
+    ignore_eos: bool = True
+    n: int = 1
+
+
+def classify_error(status: int, headers, body: bytes, admin: bool = False) -> tuple[str, str]:
+    """A non-200 answer -> (ERROR or LOST, why). The requests are valid: a 4xx is the proxy's refusal,
+    actionable only as a 429 with Retry-After or, to an admin call, a 409 naming what to do first."""
     message = error_message(body)
     if message is None:
         return LOST, f"{status} without an error message"
     note = f"{status}: {message[:90]}"
-    if status >= 500 and status not in SGLANG_STATUSES:
-        return LOST, note
     if status in (429, 503) and "Retry-After" not in headers:
         return LOST, f"{status} without Retry-After: {message[:70]}"
-    return ERROR, note
+    if status in SGLANG_STATUSES or status == 429 or (admin and status == 409):
+        return ERROR, note
+    return LOST, note
 
 
-def has_ids(reply) -> bool:
-    """A whole reply (chat, completion or native /generate) that carries output token ids."""
-    if isinstance(reply, list):
-        return bool(reply) and all(has_ids(item) for item in reply)
-    if not isinstance(reply, dict):
-        return False
-    if reply.get("output_ids"):
-        return True
-    choices = reply.get("choices")
-    return bool(choices) and all(isinstance(c, dict) and c.get("token_ids") for c in choices)
+def classify_samples(samples: dict[int, tuple[int, str | None]], expect: Expect,
+                     abort_ok: bool) -> tuple[str, str]:
+    """Each sample's (ids, finish_reason), by choice index, against its request: IDS when every sample is
+    as asked, ABORTED when some ended "abort" during an aborting admin call (the rest as asked), else LOST."""
+    if sorted(samples) != list(range(expect.n)):
+        return LOST, f"{len(samples)} of {expect.n} samples"
+    aborted = 0
+    for ids, finish in samples.values():
+        if finish == "abort":
+            if not abort_ok:
+                return LOST, f"finish_reason abort ({ids} ids) with no aborting admin call"
+            aborted += 1
+        elif not ((finish == "length" and ids == expect.max_tokens)
+                  or (finish == "stop" and not expect.ignore_eos and ids <= expect.max_tokens)):
+            return LOST, f"{ids} of {expect.max_tokens} ids with finish_reason {finish}"
+    return (ABORTED, f"{aborted} of {expect.n} samples aborted") if aborted else (IDS, "")
 
 
-def classify_whole(status: int, headers, body: bytes) -> tuple[str, str]:
+def whole_samples(reply) -> dict[int, tuple[int, str | None]] | None:
+    """A chat or completion reply's samples: index -> (ids, finish_reason); None: no list of choices."""
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        return None
+    return {c.get("index", k): (len(c.get("token_ids") or ()), c.get("finish_reason"))
+            for k, c in enumerate(choices)}
+
+
+def classify_whole(status: int, headers, body: bytes, expect: Expect, abort_ok: bool = False) -> tuple[str, str]:
     if status != 200:
         return classify_error(status, headers, body)
     try:
         reply = orjson.loads(body)
     except orjson.JSONDecodeError:
         return LOST, "200 with a body that is not JSON"
-    return (IDS, "") if has_ids(reply) else (LOST, "200 without token ids")
+    samples = whole_samples(reply)
+    return (LOST, "200 without choices") if samples is None else classify_samples(samples, expect, abort_ok)
 
 
-def classify_stream(status: int, headers, body: bytes) -> tuple[str, str]:
-    """An SSE answer: ids and [DONE]; or an in-stream error event that names the failure."""
+def classify_stream(status: int, headers, body: bytes, expect: Expect, abort_ok: bool = False) -> tuple[str, str]:
+    """An SSE answer: every sample's ids and finish reason, then [DONE]; or an in-stream error event that
+    names the failure."""
     if status != 200:
         return classify_error(status, headers, body)
-    ids, done = 0, False
+    samples: dict[int, tuple[int, str | None]] = {}
+    done = False
     for frame in body.split(b"\n\n"):
         frame = frame.strip()
         if not frame.startswith(b"data:"):
@@ -145,10 +181,74 @@ def classify_stream(status: int, headers, body: bytes) -> tuple[str, str]:
                 return LOST, f"stream error {code}: {message[:80]}"
             return ERROR, f"stream error {code}: {message[:80]}"
         for choice in event.get("choices") or () if isinstance(event, dict) else ():
-            ids += len(choice.get("token_ids") or ())
+            ids, finish = samples.get(choice.get("index", 0), (0, None))
+            samples[choice.get("index", 0)] = (ids + len(choice.get("token_ids") or ()),
+                                               choice.get("finish_reason") or finish)
     if not done:
         return LOST, "stream ended without [DONE]"
-    return (IDS, "") if ids else (LOST, "stream without token ids")
+    return classify_samples(samples, expect, abort_ok)
+
+
+def query_params(path: str) -> dict[str, str]:
+    query = path.partition("?")[2]
+    return {name: value for name, _, value in (item.partition("=") for item in query.split("&") if item)}
+
+
+def aborts_by_design(path: str) -> bool:
+    """An admin call whose API ends the requests in flight (finish_reason "abort"): vLLM's /sleep (mode
+    abort, its default), /pause?mode=abort (a bare /pause is prime-rl's, which keeps them) and /abort_requests."""
+    route, mode = path.partition("?")[0], query_params(path).get("mode")
+    return (route == "/abort_requests" or (route == "/sleep" and mode in (None, "abort"))
+            or (route == "/pause" and mode == "abort"))
+
+
+# The admin calls the faults make, each with the body its API documents for a success (vLLM's, prime-rl's,
+# SGLang's): (query, sent body, reply) -> what is wrong, or None.
+def _sleep_reply(query: dict, sent, reply: dict) -> str | None:
+    level = int(query.get("level", 1))
+    return None if reply == {"status": "sleeping", "level": level} else f"not {{status: sleeping, level: {level}}}"
+
+
+def _version_reply(query: dict, sent, reply: dict) -> str | None:
+    wanted = (sent or {}).get("new_version")
+    if reply.get("success") is True and reply.get("new_version") == wanted:
+        return None
+    return f"not {{success: true, new_version: {wanted}}}"
+
+
+def _weights_reply(query: dict, sent, reply: dict) -> str | None:
+    ok = reply.get("status") == "ok" and isinstance(reply.get("weight_version"), str)
+    return None if ok else "not {status: ok, weight_version}"
+
+
+def _status_reply(status: str):
+    return lambda query, sent, reply: None if reply.get("status") == status else f"not {{status: {status}}}"
+
+
+ADMIN_REPLIES = {
+    "/sleep": _sleep_reply,  # vLLM
+    "/wake_up": _status_reply("awake"),  # vLLM, no tags: every tag back
+    "/pause": _status_reply("paused"),  # vLLM and prime-rl
+    "/resume": _status_reply("resumed"),
+    "/update_weight_version": _version_reply,  # SGLang's, passed through
+    "/update_weights": _weights_reply,  # prime-rl's, with weight_dir
+}
+
+
+def classify_admin(path: str, sent, status: int, headers, body: bytes) -> tuple[str, str]:
+    """An admin call's answer: IDS for a 200 with its documented body, else ERROR or LOST as any answer."""
+    if status != 200:
+        return classify_error(status, headers, body, admin=True)
+    route = path.partition("?")[0]
+    try:
+        reply = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return LOST, f"{route}: 200 with a body that is not JSON"
+    check = ADMIN_REPLIES.get(route)
+    if check is None:
+        return LOST, f"{route}: no documented reply to check"
+    wrong = check(query_params(path), sent, reply) if isinstance(reply, dict) else "not a JSON object"
+    return (IDS, "") if wrong is None else (LOST, f"{route}: 200 {wrong}: {body[:60].decode(errors='replace')}")
 
 
 def classify_failure(exc: BaseException, at: float, kills: list[float]) -> tuple[str, str]:
@@ -174,10 +274,16 @@ class Ledger:
     name: str
     entries: list[Entry] = field(default_factory=list)
     kills: list[float] = field(default_factory=list)  # loop times of proxy-worker kills
+    # [sent, answered] loop times of admin calls that abort requests by design (answered None: in flight)
+    aborting: list[list] = field(default_factory=list)
     retries: float | None = None  # token_proxy_upstream_retries_total at the end (all reasons)
 
     def add(self, kind: str, outcome: str, note: str = "") -> None:
         self.entries.append(Entry(kind, outcome, note))
+
+    def abort_ok(self, start: float, end: float) -> bool:
+        """A request that ran over [start, end] met an aborting admin call."""
+        return any(sent <= end and (answered is None or answered >= start) for sent, answered in self.aborting)
 
     def counts(self) -> dict[str, int]:
         found = Counter(entry.outcome for entry in self.entries)
@@ -188,19 +294,19 @@ class Ledger:
 
     def summary(self) -> dict:
         return {"fault": self.name, **self.counts(), "upstream_retries": self.retries,
-                "errors": self.notes(ERROR), "lost_why": self.notes(LOST, 10)}
+                "errors": self.notes(ERROR), "aborted_why": self.notes(ABORTED), "lost_why": self.notes(LOST, 10)}
 
 
 def table(ledgers: list[Ledger]) -> str:
-    lines = [("| fault | sent | ids | actionable error | lost | client left | cut (killed worker) | "
-              "upstream retries | what the errors said |"),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [("| fault | sent | ids (strict) | aborted by admin | actionable error | lost | client left | "
+              "cut (killed worker) | upstream retries | what the errors said |"),
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for ledger in ledgers:
         c = ledger.counts()
         said = "; ".join(f"{n}x {note}" for note, n in ledger.notes(ERROR, 2)) or "-"
         lost = "; ".join(f"{n}x {note}" for note, n in ledger.notes(LOST, 2))
         retries = "-" if ledger.retries is None else f"{ledger.retries:g}"
-        lines.append(f"| {ledger.name} | {c['sent']} | {c[IDS]} | {c[ERROR]} | {c[LOST]}"
+        lines.append(f"| {ledger.name} | {c['sent']} | {c[IDS]} | {c[ABORTED]} | {c[ERROR]} | {c[LOST]}"
                      f"{' (' + lost + ')' if lost else ''} | {c[LEFT]} | {c[CUT]} | {retries} | {said} |")
     return "\n".join(lines)
 
@@ -302,6 +408,7 @@ async def one_request(session: aiohttp.ClientSession, env: Env, ledger: Ledger, 
                       stream: bool, leave: bool) -> None:
     kind = "chat-stream" if stream else "chat"
     loop = asyncio.get_running_loop()
+    start = loop.time()
     try:
         async with asyncio.timeout(REQUEST_LIMIT_S), session.post(
                 env.proxy_url + "/v1/chat/completions", json=chat_body(i, max_tokens, stream)) as resp:
@@ -311,7 +418,8 @@ async def one_request(session: aiohttp.ClientSession, env: Env, ledger: Ledger, 
                 ledger.add(kind, LEFT)
                 return
             body = await resp.read()
-            outcome, note = (classify_stream if stream else classify_whole)(resp.status, resp.headers, body)
+            outcome, note = (classify_stream if stream else classify_whole)(
+                resp.status, resp.headers, body, Expect(max_tokens), ledger.abort_ok(start, loop.time()))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         outcome, note = classify_failure(exc, loop.time(), ledger.kills)
     ledger.add(kind, outcome, note)
@@ -319,19 +427,24 @@ async def one_request(session: aiohttp.ClientSession, env: Env, ledger: Ledger, 
 
 async def admin(session: aiohttp.ClientSession, env: Env, ledger: Ledger, method: str, path: str,
                 body: dict | None = None) -> int:
-    """An admin call, ledgered like any request: 200, or an actionable error."""
+    """An admin call, ledgered like any request: 200 with its documented body, or an actionable error.
+    One that aborts requests by design opens a window in which aborted samples are its doing."""
     loop = asyncio.get_running_loop()
+    window = [loop.time(), None]
+    if aborts_by_design(path):
+        ledger.aborting.append(window)
     try:
         async with asyncio.timeout(REQUEST_LIMIT_S), session.request(method, env.proxy_url + path,
                                                                       json=body) as resp:
             raw = await resp.read()
-            outcome, note = (IDS, "") if resp.status == 200 else classify_error(resp.status, resp.headers, raw)
-            ledger.add(f"admin {path.split('?')[0]}", outcome, note)
-            return resp.status
+            outcome, note = classify_admin(path, body, resp.status, resp.headers, raw)
+            status = resp.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         outcome, note = classify_failure(exc, loop.time(), ledger.kills)
-        ledger.add(f"admin {path.split('?')[0]}", outcome, note)
-        return 0
+        status = 0
+    window[1] = loop.time()
+    ledger.add(f"admin {path.split('?')[0]}", outcome, note)
+    return status if outcome == IDS else 0
 
 
 async def burst(session, env: Env, ledger: Ledger, size: int, max_tokens: int, leave_every: int,
@@ -485,7 +598,7 @@ def run(args) -> list[Ledger]:
             ledgers.append(ledger)
             c = ledger.counts()
             print(f"[{time.monotonic() - started:5.0f}s] {scenario.name}: sent {c['sent']}, ids {c[IDS]}, "
-                  f"error {c[ERROR]}, lost {c[LOST]}, left {c[LEFT]}, cut {c[CUT]}", file=sys.stderr, flush=True)
+                  f"aborted {c[ABORTED]}, error {c[ERROR]}, lost {c[LOST]}, left {c[LEFT]}, cut {c[CUT]}", file=sys.stderr, flush=True)
     finally:
         env.stop()
     print(f"logs: {log_dir}", file=sys.stderr)

@@ -81,6 +81,7 @@ FLAG_GROUPS = (
         ("--context-length", "context_length", int, "prompt + completion limit"),
         ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
         ("--prompt-cache-size", "prompt_cache_size", int, "rendered prompts kept in the LRU cache (0: off)"),
+        ("--prompt-cache-bytes", "prompt_cache_bytes", int, "bytes the rendered-prompt cache may hold (0: off)"),
         ("--shutdown-timeout", "shutdown_timeout_s", float, "seconds in-flight requests get after SIGTERM"),
     )),
     ("SGLang", (

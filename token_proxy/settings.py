@@ -35,8 +35,9 @@ class Settings:
     backend_keepalive_s: float = 4.0
     # Threads that render chat templates and tokenize, off the event loop.
     tokenizer_threads: int = 2
-    # Rendered-prompt LRU entries (GRPO sends each prompt many times).
+    # Rendered-prompt LRU entries (GRPO sends each prompt many times), and the bytes they may hold.
     prompt_cache_size: int = 4096
+    prompt_cache_bytes: int = 256 << 20
     # Start-up: the port opens at once (503 until SGLang is known); after this long without SGLang
     # the wait is logged as a warning rather than info.
     backend_wait_s: float = 120.0
@@ -131,6 +132,8 @@ class Settings:
             raise ValueError(f"--workers must be in 1..256, got {self.api_workers}")
         if self.tokenizer_threads < 1:
             raise ValueError("--tokenizer-threads must be >= 1")
+        if self.prompt_cache_size < 0 or self.prompt_cache_bytes < 0:
+            raise ValueError("--prompt-cache-size and --prompt-cache-bytes must be >= 0 (0: no prompt cache)")
         if self.context_length is not None and self.context_length < 1:
             raise ValueError("--context-length must be >= 1")
         if not 0 <= self.stream_coalesce_ms <= 1000:

@@ -321,7 +321,11 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
     finally:
         conn.loading_tokenizer = None
-    renderer = PromptRenderer(tokenizer, conn.executor, conn.settings.prompt_cache_size, busy=conn.busy)
+    agreed = picture.agreed
+    renderer = PromptRenderer(tokenizer, conn.executor, conn.settings.prompt_cache_size, busy=conn.busy,
+                              cache_bytes=conn.settings.prompt_cache_bytes,
+                              # the longest prompt resolve_max_tokens lets through (one token of room)
+                              max_prompt_ids=min(agreed.max_prompt_len or agreed.max_model_len, agreed.max_model_len - 1))
     conn.set_connected(Connected(picture, describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
                                  _tool_parser(conn.settings, tokenizer)))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,6 +30,13 @@ from token_proxy.errors import InvalidRequest
 # Inputs up to this size (~8k tokens) may be rendered on the event loop: a bigger one would hold
 # probes (/health, /metrics) for milliseconds, and its thread hop is small beside its encode.
 INLINE_MAX_SIZE = 32 * 1024
+# What a cache entry holds beside its ids: the 16-byte key (a bytes object) and the LRU's node.
+KEY_AND_NODE_BYTES = 49 + 104
+
+
+def entry_bytes(ids: tuple[int, ...]) -> int:
+    """The bytes one cached prompt is counted as: its tuple of shared ints (8 bytes an id), key and node."""
+    return sys.getsizeof(ids) + KEY_AND_NODE_BYTES
 
 
 class Rendered(NamedTuple):
@@ -60,15 +68,30 @@ class ChatPrompt:
 
 
 class PromptRenderer:
-    def __init__(self, tokenizer, executor: Executor, cache_size: int, busy: Callable[[], bool] = lambda: True):
+    """Chat prompts rendered into ids, with an LRU cache bounded by entries (`cache_size`) and bytes
+    (`cache_bytes`; 0 for either: no cache). A cached prompt is its key (a 16-byte digest of everything
+    the render depends on, never the prompt itself) and its ids as a tuple of the vocabulary's shared int
+    objects (`_ints`, built once: ~6 MB for 150k tokens): 8 bytes an id where the encoder's own ints
+    cost ~36, and a hit still only copies pointers (an array of uint32 would hold 4 bytes an id but
+    make every hit build its ints again: bench/bench_prompt_cache.py). A render with more ids than
+    `max_prompt_ids` is not kept: the context check refuses it (a truncate_prompt_tokens request may
+    still take it, re-rendered each time)."""
+
+    def __init__(self, tokenizer, executor: Executor, cache_size: int, busy: Callable[[], bool] = lambda: True,
+                 cache_bytes: int = 256 << 20, max_prompt_ids: int | None = None):
         """`busy()`: other requests are being served now (a render then goes to the executor)."""
         self.tokenizer = tokenizer
         self.executor = executor
         self._encode = text_encoder(tokenizer)
         self._busy = busy
         self._in_executor = 0
-        self._cache_size = cache_size
-        self._cache: OrderedDict[bytes, asyncio.Future] = OrderedDict()
+        self._cache_size = cache_size if cache_bytes > 0 else 0
+        self._cache_bytes = cache_bytes
+        self._max_prompt_ids = max_prompt_ids
+        self._cache: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._ints: tuple[int, ...] = ()  # int i at index i, for every id of the vocabulary (built on first use)
+        self._pending: dict[bytes, asyncio.Future] = {}  # renders in flight, shared by identical prompts
+        self.cached_bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -78,33 +101,64 @@ class PromptRenderer:
         blob = prompt.key_blob()
         if self._cache_size <= 0:
             ids = await self._start(len(blob), self._render_ids, prompt)
-            return Rendered(list(ids), False, time.perf_counter() - start)
-        key = hashlib.blake2b(blob, digest_size=16).digest()
-        future = self._cache.get(key)
-        if future is not None:
+            return Rendered(ids, False, time.perf_counter() - start)
+        key, size = hashlib.blake2b(blob, digest_size=16).digest(), len(blob)
+        del blob  # a big prompt's serialised copy is not kept while it renders
+        cached = self._cache.get(key)
+        if cached is not None:
             self.hits += 1
             self._cache.move_to_end(key)
+            return Rendered(list(cached), True, 0.0)
+        future = self._pending.get(key)
+        if future is not None:
+            self.hits += 1
             return Rendered(list(await asyncio.shield(future)), True, 0.0)
         self.misses += 1
-        future = self._start(len(blob), self._render_ids, prompt)
-        self._remember(key, future)
-        try:
-            ids = await asyncio.shield(future)
-        except Exception:
-            self._cache.pop(key, None)
-            raise
+        future = self._start(size, self._render_ids, prompt)
+        if future.done():  # rendered on the loop
+            self._settle(key, future)
+        else:
+            self._pending[key] = future
+            future.add_done_callback(lambda done: self._settle(key, done))
+        ids = await asyncio.shield(future)
         return Rendered(list(ids), False, time.perf_counter() - start)
 
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await self._start(len(text), self._encode, text, add_special_tokens)
 
-    def _render_ids(self, prompt: ChatPrompt) -> tuple[int, ...]:
-        return tuple(self._encode(render_chat_text(self.tokenizer, prompt), prompt.add_special_tokens))
+    def _render_ids(self, prompt: ChatPrompt) -> list[int]:
+        return self._encode(render_chat_text(self.tokenizer, prompt), prompt.add_special_tokens)
 
-    def _remember(self, key: bytes, future: asyncio.Future) -> None:
-        self._cache[key] = future
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+    def _settle(self, key: bytes, future: asyncio.Future) -> None:
+        """A render ended: its ids kept unless it failed, the context check would refuse them, or
+        they alone exceed the byte bound; then the least recently used entries go past either bound."""
+        if self._pending.get(key) is future:
+            del self._pending[key]
+        if future.cancelled() or future.exception() is not None:
+            return
+        ids = future.result()
+        if self._max_prompt_ids is not None and len(ids) > self._max_prompt_ids:
+            return
+        if 8 * len(ids) > self._cache_bytes or key in self._cache:
+            return
+        stored = self._shared(ids)
+        if stored is None:
+            return
+        self._cache[key] = stored
+        self.cached_bytes += entry_bytes(stored)
+        while len(self._cache) > self._cache_size or self.cached_bytes > self._cache_bytes:
+            _, dropped = self._cache.popitem(last=False)
+            self.cached_bytes -= entry_bytes(dropped)
+
+    def _shared(self, ids: list[int]) -> tuple[int, ...] | None:
+        """The ids as the vocabulary's shared int objects (None: an id past the vocabulary, not kept)."""
+        if not self._ints:
+            self._ints = tuple(range(len(self.tokenizer)))
+        ints = self._ints
+        try:
+            return tuple([ints[i] for i in ids])
+        except (IndexError, TypeError):
+            return None
 
     def _start(self, size: int, fn, *args) -> asyncio.Future:
         """fn(*args) on the event loop when nothing else is being served and the input is small
