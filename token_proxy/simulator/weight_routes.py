@@ -40,7 +40,7 @@ NO_SESSION = "{} must run between begin_weight_update() and end_weight_update()"
 SESSION_OPEN = "a weight-update session is already open; call end_weight_update() first"
 NO_SESSION_TO_END = "no weight-update session is open; call begin_weight_update() first"
 SESSION_SINCE = "0.5.21"
-PARTIAL = "sim_partial_fault"  # the request key rl_routes.py's `partial` fault sets for this handler
+PARTIAL: web.RequestKey[dict] = web.RequestKey("sim_partial_fault", dict)  # set by rl_routes.py's `partial` fault
 
 
 @dataclass
