@@ -77,7 +77,8 @@ async def _nccl_step(plane: AdminPlane) -> web.Response:
     """The push this call waited for (each push answers one call: a repeat waits for a new one). A failed
     push answers with the status fleet.push_failed chose (503: join again and push again). A push that
     landed some buckets and then stopped is abandoned when the wait runs out: it fails the same way."""
-    vllm_rl.require_group(plane, "update_weights")
+    if not plane.step_waiting():
+        vllm_rl.require_group(plane, "update_weights")
     try:
         step = await plane.next_step(plane.settings.weight_update_timeout_s)
     except BackendTimeout as timed_out:

@@ -87,6 +87,12 @@ class AdminPlane(Workers):
         self.last_step = result
         self._step_arrived.set()
 
+    def step_waiting(self) -> bool:
+        """A push ended since the last /pause that no call has answered for yet (it may have failed and
+        destroyed its group: its answer is still owed)."""
+        step = self.last_step
+        return step is not None and step.finished_at >= self.paused_at and not step.consumed
+
     async def next_step(self, timeout_s: float) -> StepResult:
         """The first NCCL push that ended after the last /pause (prime-rl pauses, then pushes) and that no
         earlier call answered for: each push answers one /update_weights, so a repeat (an HTTP retry, or a
