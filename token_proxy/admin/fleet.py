@@ -17,6 +17,8 @@ When a worker fails (refuses, times out, restarts mid-update), the policy is ROL
   every worker is paused again (a restarted one comes back unpaused) and stays paused: /resume answers 409
   naming each worker and its version until an update brings every worker to one version, or a caller
   forces it with /resume?force=true. The reply says `outcome: held_paused`.
+A failed or abandoned NCCL push (every dialect) ends in push_failed: its group destroyed on every worker,
+then rolled back or held as above (the workers hold partial weights), with 503 when a new join + push would work.
 One transaction at a time: every update (from disk, NCCL receive / finish, sleep, wake-up, group join) runs
 under the plane's update lock, so a second one waits for the first to end (a rollback never undoes another
 caller's update); meanwhile /resume answers 409 ("a weight update is in progress"). Pause and resume never
