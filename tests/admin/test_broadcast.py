@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.support.admin_fixtures import free_port, proxy_url, sim_process
+from token_proxy.admin.workers import ADMIN
 from token_proxy.broadcast import BroadcastError, SGLangBroadcaster
 from token_proxy.simulator.params import PARAM_SHAPES
 
@@ -66,17 +67,25 @@ async def test_push_in_buckets_lands_every_value_and_the_version(make_proxy, sim
         400, "The group to be destroyed does not exist.")
 
 
-async def test_shape_mismatch_is_sglangs_error_and_the_group_stays_usable(make_proxy, sim_url):
+async def test_shape_mismatch_is_sglangs_error_and_the_same_group_name_joins_again(make_proxy, sim_url):
+    """A failed push leaves no group behind: the proxy destroys it on every worker, so the trainer's next
+    init with the same name works (SGLang would refuse a name still registered)."""
     proxy = await make_proxy(sim_url)
     broadcaster = caster(proxy)
     await asyncio.to_thread(broadcaster.init)
     wrong = {"model.layers.0.self_attn.q_proj.weight": torch.ones(4, 4, dtype=torch.bfloat16)}
     with pytest.raises(BroadcastError) as refused:
         await asyncio.to_thread(broadcaster.update, wrong.items(), "bad")
-    assert str(refused.value) == (
-        "update_weights_from_distributed failed (400): Failed to update parameter online: Attempted to load "
-        "weight (torch.Size([4, 4])) into parameter (torch.Size([8, 8])). The full weights of the ModelRunner "
-        "are partially updated. Please discard the whole weights.")
+    assert str(refused.value).startswith(
+        "update_weights_from_distributed failed (400): /update_weights_from_distributed failed on 1 of 1 worker(s): "
+        f"{proxy.app[ADMIN].settings.backend_url}: Failed to update parameter online: Attempted to load weight "
+        "(torch.Size([4, 4])) into parameter (torch.Size([8, 8])). The full weights of the ModelRunner are "
+        "partially updated. Please discard the whole weights.; the weight-update group 'weight_update_group' was "
+        "destroyed on every worker: join again (the same name works) and push again")
+    assert proxy.app[ADMIN].live_groups == set()
+    await asyncio.to_thread(broadcaster.close, False)  # the trainer's side of the group
+    broadcaster = caster(proxy)  # the same group name
+    await asyncio.to_thread(broadcaster.init)
     weights = new_weights(step=1)
     assert await asyncio.to_thread(broadcaster.update, weights.items(), "v1") == 1
     assert await read_param(proxy, "model.norm.weight") == weights["model.norm.weight"].float().tolist()
