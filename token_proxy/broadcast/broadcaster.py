@@ -28,9 +28,10 @@ __all__ = ["BroadcastError", "SGLangBroadcaster"]
 POLL_S = 0.005
 SETTLE_S = 0.5  # how long a collective may take to finish after SGLang's answer before it counts as stuck
 ABORT_WAIT_S = 2.0  # an abort that has not returned by then is left to its thread
-# The group's own collective timeout comes later than ours, so this side aborts first (and torch's NCCL
-# watchdog, which tears the process down on a timeout by default, never fires).
-GROUP_TIMEOUT_MARGIN_S = 30.0
+# The group's own collective timeout and the HTTP socket's come later than `timeout_s`, so this side decides
+# and aborts first (and torch's NCCL watchdog, which tears the process down on a timeout by default, never
+# fires); they only end what was left behind.
+BACKSTOP_MARGIN_S = 30.0
 
 
 @dataclass
@@ -63,7 +64,7 @@ class SGLangBroadcaster:
                 "world_size": world_size, "group_name": self.group_name, "backend": self.backend}
         call = self._call("/init_weights_update_group", body) if announce else None
         join = _spawn(join_group, self.master_address, self.master_port, 0, world_size, self.group_name,
-                      self.backend, self.timeout_s, self.timeout_s + GROUP_TIMEOUT_MARGIN_S)
+                      self.backend, self.timeout_s, self.timeout_s + BACKSTOP_MARGIN_S)
         where = f"tcp://{self.master_address}:{self.master_port}"
         try:
             self._race(join, call, "init_weights_update_group",
@@ -183,7 +184,7 @@ class SGLangBroadcaster:
             raise BroadcastError(f"{action} failed ({status}): {message}")
 
     def _call(self, path: str, body: dict) -> HTTPCall:
-        return HTTPCall(f"{self.url.rstrip('/')}{path}", body, self.timeout_s)
+        return HTTPCall(f"{self.url.rstrip('/')}{path}", body, self.timeout_s + BACKSTOP_MARGIN_S)
 
 
 def _spawn(function: Callable, *args) -> concurrent.futures.Future:

@@ -35,7 +35,7 @@ def nccl_groups() -> list[str]:
 
 
 def match_sglang(environ: MutableMapping[str, str] = os.environ,
-                 started: Callable[[], list[str]] = nccl_groups) -> None:
+                 started: Callable[[], list[str]] | None = None) -> None:
     """Set NCCL_CUMEM_ENABLE=0 for this process's NCCL, or raise BroadcastError (one line) where it is too
     late or the user chose otherwise. Call it before any NCCL group is created, on every trainer rank
     (ranks of one communicator must agree too)."""
@@ -45,7 +45,7 @@ def match_sglang(environ: MutableMapping[str, str] = os.environ,
     if value is not None:
         raise BroadcastError(f"{SETTING}={value} is set, but SGLang runs with {SETTING}={SGLANG_VALUE} and NCCL "
                              f"cannot connect the two (transport/p2p.cc): unset it or set {SETTING}={SGLANG_VALUE}")
-    groups = started()
+    groups = (started or nccl_groups)()
     if groups:
         raise BroadcastError(f"NCCL is already in use in this process (torch.distributed group(s) "
                              f"{', '.join(groups)} on nccl) without {SETTING}={SGLANG_VALUE}, which SGLang needs "
