@@ -173,8 +173,8 @@ def test_nccl_cumem_is_set_to_sglangs_value_before_the_group_is_created(monkeypa
 
 @pytest.mark.parametrize(("preset", "in_use", "message"), [
     (None, ["default"], CUMEM_TOO_LATE),
-    ("1", [], "NCCL_CUMEM_ENABLE=1 is set, but SGLang runs with NCCL_CUMEM_ENABLE=0 and NCCL cannot connect "
-              "the two (transport/p2p.cc): unset it or set NCCL_CUMEM_ENABLE=0"),
+    ("1", [], ("NCCL_CUMEM_ENABLE=1 is set, but SGLang runs with NCCL_CUMEM_ENABLE=0 and NCCL cannot connect "
+              "the two (transport/p2p.cc): unset it or set NCCL_CUMEM_ENABLE=0")),
 ])
 def test_nccl_started_another_way_is_one_line_naming_the_setting(monkeypatch, preset, in_use, message):
     """On CPU: torch.distributed's NCCL groups are simulated by a monkeypatched detector (CPU torch has no
@@ -241,10 +241,20 @@ def group_names() -> list:
     return list(distributed_c10d._world.pg_names.values())
 
 
+async def joined(front: Front, timeout_s: float) -> SGLangBroadcaster:
+    """A broadcaster in the group with the simulator, whose pushes are bounded by `timeout_s` (the join
+    may take longer: the simulator imports torch at its first one)."""
+    broadcaster = SGLangBroadcaster(url=front.url, master_address="127.0.0.1", master_port=free_port(),
+                                    backend="gloo", timeout_s=30.0)
+    await asyncio.to_thread(broadcaster.init)
+    broadcaster.timeout_s = timeout_s
+    return broadcaster
+
+
 async def retry_lands(front: Front, broadcaster: SGLangBroadcaster, sim_url: str) -> None:
     """The group is gone on both sides: init again with the same name (and port) and a push lands."""
     assert broadcaster.group_name not in group_names()
-    front.mode = "forward"
+    front.mode, broadcaster.timeout_s = "forward", 30.0
     await asyncio.to_thread(broadcaster.init)
     weights = new_weights(step=7)
     assert await asyncio.to_thread(broadcaster.update, weights.items(), "v7") == 1
@@ -256,20 +266,19 @@ async def retry_lands(front: Front, broadcaster: SGLangBroadcaster, sim_url: str
 
 @pytest.mark.parametrize(("mode", "reason"), [
     ("refuse", f"update_weights_from_distributed failed (400): {PARTIAL}"),
-    ("drop", "update_weights_from_distributed failed (0): {url}/update_weights_from_distributed is unreachable: "
-             "Remote end closed connection without response"),
+    ("drop", ("update_weights_from_distributed failed (0): {url}/update_weights_from_distributed is unreachable: "
+             "Remote end closed connection without response")),
 ])
 async def test_a_refusing_or_dying_server_ends_the_push_at_once_and_leaves_no_group(front, sim_url, mode, reason):
     """On CPU with gloo: the trainer's broadcast is still waiting for a receiver that will never come when
     the answer arrives; it is aborted, SGLang is asked to leave the group, and the same name works again."""
-    broadcaster = SGLangBroadcaster(url=front.url, master_address="127.0.0.1", master_port=free_port(),
-                                    backend="gloo", timeout_s=5.0)
-    await asyncio.to_thread(broadcaster.init)
+    broadcaster = await joined(front, timeout_s=5.0)
     front.mode = mode
     started = time.monotonic()
     with pytest.raises(BroadcastError) as failed:
         await asyncio.to_thread(broadcaster.update, new_weights(step=2).items(), "v2")
     assert time.monotonic() - started < 2.5  # the answer, not timeout_s, ends it
+    assert broadcaster.group_name not in group_names()
     assert str(failed.value) == reason.format(url=front.url)
     await retry_lands(front, broadcaster, sim_url)
     assert front.seen == ["init_weights_update_group", "update_weights_from_distributed",
@@ -280,9 +289,7 @@ async def test_a_refusing_or_dying_server_ends_the_push_at_once_and_leaves_no_gr
 async def test_a_server_that_stops_answering_mid_push_is_a_broadcast_error_within_timeout_s(front, sim_url):
     """On CPU with gloo: neither the broadcast nor the HTTP call ever finishes; at timeout_s the call is
     cancelled (its thread ends) and the group aborted, and the same name works again."""
-    broadcaster = SGLangBroadcaster(url=front.url, master_address="127.0.0.1", master_port=free_port(),
-                                    backend="gloo", timeout_s=2.0)
-    await asyncio.to_thread(broadcaster.init)
+    broadcaster = await joined(front, timeout_s=2.0)
     front.mode = "hang"
     started = time.monotonic()
     with pytest.raises(BroadcastError) as late:
@@ -300,9 +307,7 @@ async def test_a_collective_that_blocks_its_caller_cannot_hang_the_push(front, s
     at once (on the old code it hung until the blocked call returned)."""
     import torch.distributed as dist
 
-    broadcaster = SGLangBroadcaster(url=front.url, master_address="127.0.0.1", master_port=free_port(),
-                                    backend="gloo", timeout_s=5.0)
-    await asyncio.to_thread(broadcaster.init)
+    broadcaster = await joined(front, timeout_s=5.0)
     released = threading.Event()
     threading.Timer(15, released.set).start()  # so that the old code fails instead of hanging
     monkeypatch.setattr(dist, "broadcast", lambda *args, **kwargs: released.wait())

@@ -10,6 +10,7 @@ once torch.distributed runs NCCL here, setting it is too late, and that is an er
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, MutableMapping
 
 from token_proxy.broadcast.errors import BroadcastError
@@ -21,10 +22,10 @@ FIX = (f"start the trainer with {SETTING}={SGLANG_VALUE} in its environment (as 
 
 def nccl_groups() -> list[str]:
     """The torch.distributed process groups of this process that use NCCL: the default one and any other
-    (their communicators may have started, and with them NCCL's one reading of the environment)."""
-    import torch.distributed as dist
-
-    if not dist.is_available():
+    (their communicators may have started, and with them NCCL's one reading of the environment). None
+    where torch.distributed was never imported."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available():
         return []
     from torch.distributed import distributed_c10d
 
