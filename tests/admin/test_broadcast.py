@@ -304,19 +304,31 @@ async def test_a_collective_that_blocks_its_caller_cannot_hang_the_push(front, s
     """NCCL starts its communicator inside the first broadcast, and that call blocks until every rank has
     connected: when SGLang's side failed there (issue 28: transport/p2p.cc, then a 400), it blocks for good.
     On CPU with gloo, a broadcast that blocks like that is simulated; the refusal must still end the push
-    at once (on the old code it hung until the blocked call returned)."""
+    at once (on the old code it hung until the blocked call returned), and a new group cannot take the
+    stuck one's port until it ends."""
     import torch.distributed as dist
 
     broadcaster = await joined(front, timeout_s=5.0)
     released = threading.Event()
     threading.Timer(15, released.set).start()  # so that the old code fails instead of hanging
-    monkeypatch.setattr(dist, "broadcast", lambda *args, **kwargs: released.wait())
+
+    def blocked(*args, **kwargs):
+        released.wait()
+        raise RuntimeError("NCCL communicator was aborted")
+
+    monkeypatch.setattr(dist, "broadcast", blocked)
     front.mode = "refuse"
     started = time.monotonic()
     with pytest.raises(BroadcastError) as refused:
         await asyncio.to_thread(broadcaster.update, new_weights(step=2).items(), "v2")
     assert time.monotonic() - started < 2.5
-    released.set()
     assert str(refused.value) == f"update_weights_from_distributed failed (400): {PARTIAL}"
+    with pytest.raises(BroadcastError) as held:  # torch would hand the stuck group's store to a new one
+        await asyncio.to_thread(broadcaster.init)
+    assert str(held.value) == (
+        f"the aborted push's broadcast is still blocked in NCCL and holds the rendezvous at port "
+        f"{broadcaster.master_port}: init() with another master_port, or restart the trainer")
+    released.set()
+    await until(lambda: not any(t.name == "broadcaster-broadcast" for t in threading.enumerate()))
     monkeypatch.undo()
     await retry_lands(front, broadcaster, sim_url)

@@ -50,6 +50,7 @@ class SGLangBroadcaster:
         self._group = None
         self._announced = False  # init() asked the engine to join: a failed push asks it to leave
         self._cleanup: HTTPCall | None = None  # that request, waited for by the next init()
+        self._stuck: tuple[concurrent.futures.Future, int] | None = None  # an aborted push's collective, port
 
     def init(self, announce: bool = True) -> None:
         """Join as rank 0. With `announce`, ask the engine to join too (/init_weights_update_group,
@@ -59,6 +60,7 @@ class SGLangBroadcaster:
             match_sglang()
         self._abort()  # a group from an earlier init
         self._settle()
+        self._check_port()
         world_size = self.inference_world_size + 1
         body = {"master_address": self.master_address, "master_port": self.master_port, "rank_offset": 1,
                 "world_size": world_size, "group_name": self.group_name, "backend": self.backend}
@@ -143,6 +145,7 @@ class SGLangBroadcaster:
             stop.set()
             if not push.done() or push.exception() is not None:  # the communicator may hang: abort it
                 self._abort()
+                self._stuck = (push, self.master_port)
             raise
 
     def _race(self, work: concurrent.futures.Future, call: HTTPCall | None, action: str, late: str,
@@ -172,6 +175,20 @@ class SGLangBroadcaster:
         if self._announced:
             self._cleanup = self._call("/destroy_weights_update_group", {"group_name": self.group_name})
 
+    def _check_port(self) -> None:
+        """A collective that an abort could not end (NCCL blocked in starting its communicator) keeps its
+        group, and with it the rendezvous store on its port: torch's tcp:// rendezvous shares one store per
+        port in a process, so a new group there would read the old group's keys."""
+        stuck, self._stuck = self._stuck, None
+        if stuck is None or stuck[1] != self.master_port:
+            return
+        concurrent.futures.wait([stuck[0]], ABORT_WAIT_S)
+        if not stuck[0].done():
+            self._stuck = stuck
+            raise BroadcastError(f"the aborted push's broadcast is still blocked in NCCL and holds the rendezvous "
+                                 f"at port {self.master_port}: init() with another master_port, or restart the "
+                                 "trainer")
+
     def _settle(self) -> None:
         cleanup, self._cleanup = self._cleanup, None
         if cleanup is not None:
@@ -196,7 +213,8 @@ def _spawn(function: Callable, *args) -> concurrent.futures.Future:
         try:
             future.set_result(function(*args))
         except Exception as exc:  # noqa: BLE001 - handed to the waiting thread, which raises it
-            future.set_exception(exc)
+            # without its frames: they hold the group, whose rendezvous store would keep the port
+            future.set_exception(exc.with_traceback(None))
 
     threading.Thread(target=run, name=f"broadcaster-{function.__name__.strip('_')}", daemon=True).start()
     return future
