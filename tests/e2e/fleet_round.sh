@@ -25,6 +25,7 @@ PY=${FLEET_PYTHON:-python3}; ROUTER_PY=${FLEET_ROUTER_PYTHON:-$PY}
 healthy() { $PY -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('$1',timeout=2).status!=200)" 2>/dev/null; }
 
 start_workers() {
+  if healthy "http://127.0.0.1:$AP/health" && healthy "http://127.0.0.1:$BP/health"; then log "workers A and B already up"; return 0; fi
   if [ "$SIM" != 1 ]; then
     SITE=/tmp/sglang-site; sig=$(stat -c %s .gpu/sglang-site312.tar.xz 2>/dev/null || echo none)
     if [ "$(cat $SITE/.done 2>/dev/null)" != "$sig" ]; then
@@ -98,7 +99,7 @@ case "$mode" in
     if [ "$SIM" = 1 ]; then trainer="--weights sim --backend gloo --trainer-python ${FLEET_TRAINER_PYTHON:-python3}"
     else trainer="--weights $MODEL --backend nccl --device cuda --trainer-gpu 0 --push-timeout 30"; fi
     # shellcheck disable=SC2086
-    timeout "${FLEET_LIMIT:-540}" $PY bench/fleet_round.py --proxy http://127.0.0.1:$PP \
+    timeout "${FLEET_LIMIT:-480}" $PY bench/fleet_round.py --proxy http://127.0.0.1:$PP \
       --worker http://127.0.0.1:$AP --worker http://127.0.0.1:$BP $trainer --trainer-log "$OUT/trainer.log" \
       --kill-b "kill -9 -- -\$(cat $F/B.pid)" --restart-b "bash tests/e2e/fleet_worker.sh B 2 $BP" \
       --title "Fleet round ($( [ "$SIM" = 1 ] && echo simulators, gloo || echo '4 GPUs: SGLang 0.5.17 x2, sglang-router 0.3.2, NCCL'))" \
