@@ -8,8 +8,22 @@
 #                                             .gpu/router.tar.xz .whl: wheels, sglang-router (round_robin, :30000) in
 #                                             front of the workers, the proxy (:8000) in front of it, then
 #                                             bench/fleet_round.py with the trainer on GPU 0 -> $OUT/fleet.md, fleet.json
+# The two calls from the device tool (each sends main's tree, ~3.2 MB, plus what `carry` names; 64 MiB a call):
+#   1. kind nvidia-h100-x4, carry .gpu/sglang-site312.tar.xz (47.0 MB) .gpu/tok.tar.xz (1.9 MB) .gpu/make_model.py
+#      -> ~52 MB; command: bash tests/e2e/gpu_round.sh fleet-start   (~150 s: SGLang's cold start was 119 s on an H100)
+#   2. at once (the machine goes back after 30 s idle), carry .gpu/router.tar.xz (17.5 MB: sglang-router 0.3.2, its .so
+#      stripped) .whl (10.9 MB) -> ~32 MB; command: bash tests/e2e/gpu_round.sh fleet   (~5 min)
+#   Carrying all of .gpu in one call is 69.6 MB with the tree: over the limit.
+# Seen on the H100 host (2026-11-27, main 2d480d5): the bundle unpacks in 3 s; sglang-router answers /health ~17 s after
+# its start and lists its workers later still (so this waits for /workers); behind the router the proxy cannot learn
+# the context length (--context-length 4096 here) and a streamed chat through it stops after 1 token (issue 28, 1).
 # `fleet` also starts the workers if they are not up (one call would do, were it not for the 64 MiB).
 # FLEET_SIM=1: the same on CPU, simulators as workers and a gloo trainer (FLEET_TRAINER_PYTHON: a python with torch).
+#   FLEET_SIM=1 FLEET_PORTS="39100 39101 39102 39103 39104" FLEET_DIR=/tmp/fleet-sim FLEET_PYTHON=VENV/bin/python \
+#   FLEET_TRAINER_PYTHON=VENV/bin/python FLEET_TOKENIZER=~/.cache/sglang-token-proxy/qwen2-builtin-tokenizer-v2 \
+#   PYTHONPATH=$PWD FLEET_ARGS="--concurrency 8 --window-s 2" bash tests/e2e/gpu_round.sh fleet   (~3 min; VENV: torch
+#   CPU + this package; FLEET_ROUTER_PYTHON: a python with sglang-router if VENV lacks it; kill -- -PID of each
+#   FLEET_DIR/*.pid afterwards)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...); NCCL_CUMEM_ENABLE is NOT set: the trainer runs with the
 # environment a trainer has by default, so the round shows whether the broadcaster copes on its own.
 set -u
