@@ -119,7 +119,9 @@ case "$mode" in
       --title "Fleet round ($( [ "$SIM" = 1 ] && echo simulators, gloo || echo '4 GPUs: SGLang 0.5.17 x2, sglang-router 0.3.2, NCCL'))" \
       --md-out "$OUT/fleet.md" --json-out "$OUT/fleet.json" ${FLEET_ARGS:-} 2>&1 | tee "$OUT/fleet.log" | tail -60
     rc=${PIPESTATUS[0]}
-    cp $F/proxy.log $F/router.log "$OUT/" 2>/dev/null
+    # the proxy's access log has a JSON line per rollout (~0.5 kB; 100k+ here): keep the rest, and its tail
+    { grep -v '^{"ts"' $F/proxy.log | tail -c 3000000; tail -n 2000 $F/proxy.log; } > "$OUT/proxy.log" 2>/dev/null
+    tail -c 3000000 $F/router.log > "$OUT/router.log" 2>/dev/null
     tail -c 2000000 $F/B.log > "$OUT/B.log" 2>/dev/null
     log "fleet round done (exit $rc)"; exit "$rc" ;;
   *) echo "unknown mode $mode"; exit 2 ;;
