@@ -47,6 +47,7 @@ from aiohttp import web
 
 from token_proxy import checks as check
 from token_proxy.admin import fleet, weight_session
+from token_proxy.admin.fence import fence_info
 from token_proxy.admin.flush import flush_or_owe, pending, read_pending
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.admin.workers import ADMIN, AdminPlane
@@ -425,7 +426,7 @@ async def weight_info(request: web.Request) -> web.Response:
     versions = {w["weight_version"] for w in workers}
     consistent = len(versions) == 1
     return json_response({"weight_version": next(iter(versions)) if consistent else None,
-                          "consistent": consistent, "workers": workers})
+                          "consistent": consistent, "workers": workers, **fence_info(request.app)})
 
 
 async def weight_checker(request: web.Request) -> web.Response:

@@ -12,6 +12,7 @@ from aiohttp import web
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.lora.leases import Reloads, retry_if_lost
+from token_proxy.pipeline.fleet_versions import FleetVersions, fresh_reply, reply_versions
 from token_proxy.pipeline.output_rules import Output, OutputRules
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
@@ -21,13 +22,17 @@ from token_proxy.state import ProxyContext
 
 
 async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
-                         stats: RequestStats, lora: Reloads | None = None) -> list[Output]:
+                         stats: RequestStats, lora: Reloads | None = None,
+                         fleet: FleetVersions | None = None) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
-    request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again."""
+    request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again.
+    With `fleet`, a reply on weights the fleet does not serve is sent again (fleet_versions.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         send = lambda: ctx.client.generate(call.body)
         stats.mark_sent()
-        items = await (send() if lora is None else retry_if_lost(lora, send))
+        once = lambda: send() if lora is None else retry_if_lost(lora, send)
+        items = await fresh_reply(once, reply_versions, fleet, ctx.settings.stale_reply_tries, _nothing,
+                                  stats.count_stale_reply)
     stats.mark_first_token()
     outputs = rules.whole(items)
     record(stats, rules)
@@ -35,12 +40,17 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
 
 
 async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
-                            formatter, stats: RequestStats, lora: Reloads | None = None) -> web.StreamResponse:
-    """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE]."""
+                            formatter, stats: RequestStats, lora: Reloads | None = None,
+                            fleet: FleetVersions | None = None) -> web.StreamResponse:
+    """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
+    With `fleet`, the first event's weight version is checked before any byte reaches the client: a
+    stream on weights the fleet does not serve is closed and opened again (fleet_versions.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
         opened = lambda: _open_stream(ctx, call.body, stack)
         stats.mark_sent()
-        stream, first = await (opened() if lora is None else retry_if_lost(lora, opened))
+        once = lambda: opened() if lora is None else retry_if_lost(lora, opened)
+        stream, first = await fresh_reply(once, _first_versions, fleet, ctx.settings.stale_reply_tries,
+                                          _close_stream, stats.count_stale_reply)
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         frames = StreamFrames(rules, formatter)
@@ -57,6 +67,19 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         finally:
             record(stats, rules)
     return response
+
+
+async def _nothing(reply) -> None:
+    return None
+
+
+def _first_versions(opened) -> set[str]:
+    return reply_versions(opened[1] or [])
+
+
+async def _close_stream(opened) -> None:
+    """A stale stream: closed (SGLang aborts a request whose client left) before it is sent again."""
+    await opened[0].aclose()
 
 
 async def _open_stream(ctx: ProxyContext, body: dict, stack: contextlib.AsyncExitStack):
