@@ -128,6 +128,8 @@ class Fence:
             if entry.reason.startswith(UNREACHABLE) and not entry.came_back:
                 entry.came_back, entry.first_version = True, version
                 entry.reason = f"restarted (was {entry.reason}); reports weight version {version!r}"
+                log.error("worker %s fenced: %s", url, entry.reason)
+                await self.pause(url)  # a restarted SGLang comes back unpaused
             if not entry.healing and time.monotonic() >= entry.next_try:
                 self.heal_or_hold(entry, version, fleet)
 
