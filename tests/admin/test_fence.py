@@ -95,15 +95,16 @@ async def metric_lines(proxy, prefix: str) -> list[str]:
 
 @pytest.fixture
 async def routed(make_sim, tokenizer_dir):
-    """Two simulators behind the real sglang-router (round robin). Started again on another port if it
-    exits at start (a port another process took between free_port() and its bind)."""
+    """Two simulators behind the real sglang-router (round robin), its metrics exporter on a free port (its
+    default, 29000, is taken by any other router on the host). Started again on other ports if it exits
+    at start (a port another process took between free_port() and its bind)."""
     sims = [await make_sim(tpot_s=0.002), await make_sim(tpot_s=0.002)]
     urls = [url_of(s) for s in sims]
     for attempt in range(3):
         port = free_port()
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
                "--worker-urls", *urls, "--policy", "round_robin", "--tokenizer-path", str(tokenizer_dir),
-               "--log-level", "warn"]
+               "--log-level", "warn", "--prometheus-port", str(free_port())]
         process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: ASYNC220
         try:
             await wait_for_workers(f"http://127.0.0.1:{port}", 2, process)
