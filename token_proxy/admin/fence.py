@@ -41,7 +41,7 @@ from token_proxy.admin import fleet
 from token_proxy.admin.flush import safe_flush, settle_refusals
 from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import BackendUnavailable
-from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS, VersionRecord
+from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.sglang.workers import WorkerReply
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
 
@@ -295,19 +295,6 @@ def _version(reply: WorkerReply) -> str | None:
     return None if version is None else str(version)
 
 
-class PlaneVersions:
-    """The fleet's version record straight from the admin plane (this process owns it)."""
-
-    def __init__(self, plane: AdminPlane):
-        self.plane = plane
-
-    def record(self) -> VersionRecord:
-        return self.plane.version_record()
-
-    async def refresh(self) -> None:
-        return None
-
-
 class FenceCollector:
     """token_proxy_fenced_workers{url,reason} (1 per worker kept out) and token_proxy_fence_events_total{event}."""
 
@@ -344,7 +331,7 @@ def add_fence(app: web.Application) -> None:
 async def _fence(app: web.Application):
     plane = app[ADMIN]
     settings = plane.settings
-    app[FLEET_VERSIONS] = PlaneVersions(plane)
+    app[FLEET_VERSIONS] = plane.board
     fence = app[FENCE] = Fence(plane, settings.fence_interval_s)
     if REGISTER_COLLECTOR in app:
         app[REGISTER_COLLECTOR](FenceCollector(fence))

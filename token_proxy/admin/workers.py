@@ -14,7 +14,7 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendTimeout
-from token_proxy.pipeline.fleet_versions import VersionRecord
+from token_proxy.pipeline.fleet_versions import VersionBoard, VersionRecord
 from token_proxy.sglang.versions import SGLangFeatures
 from token_proxy.sglang.workers import WorkerReply, Workers
 
@@ -73,6 +73,7 @@ class AdminPlane(Workers):
     checksum_verified: bool = False
     incoming: dict[str, float] = field(default_factory=dict)
     changes: int = 0  # bumped whenever what the data path accepts changes (a --workers mirror waits on it)
+    board: VersionBoard = field(default_factory=VersionBoard)  # what this process's data path reads
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def worker_urls(self) -> list[str]:
@@ -104,6 +105,7 @@ class AdminPlane(Workers):
         return VersionRecord(self.version, self.initial_version, list(self.history), dict(self.incoming))
 
     def note_change(self) -> None:
+        self.board.record = self.version_record()
         self.changes += 1
         self._changed.set()
         self._changed = asyncio.Event()

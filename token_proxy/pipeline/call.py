@@ -6,13 +6,14 @@ A client that leaves (or a timeout) aborts the SGLang request: nothing generates
 from __future__ import annotations
 
 import contextlib
+import time
 
 from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.lora.leases import Reloads, retry_if_lost
-from token_proxy.pipeline.fleet_versions import FleetVersions, fresh_reply, reply_versions
+from token_proxy.pipeline.fleet_versions import FleetVersions, reply_versions, resend_stale
 from token_proxy.pipeline.output_rules import Output, OutputRules
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
@@ -31,8 +32,11 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
         send = lambda: ctx.client.generate(call.body)
         stats.mark_sent()
         once = lambda: send() if lora is None else retry_if_lost(lora, send)
-        items = await fresh_reply(once, reply_versions, fleet, ctx.settings.stale_reply_tries, _nothing,
-                                  stats.count_stale_reply)
+        since = time.monotonic()
+        items = await once()
+        if fleet is not None and not _on_current(items, fleet):
+            items = await resend_stale(items, since, once, reply_versions, fleet, ctx.settings.stale_reply_tries,
+                                       _nothing, stats.count_stale_reply)
     stats.mark_first_token()
     outputs = rules.whole(items)
     record(stats, rules)
@@ -49,8 +53,12 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         opened = lambda: _open_stream(ctx, call.body, stack)
         stats.mark_sent()
         once = lambda: opened() if lora is None else retry_if_lost(lora, opened)
-        stream, first = await fresh_reply(once, _first_versions, fleet, ctx.settings.stale_reply_tries,
-                                          _close_stream, stats.count_stale_reply)
+        since = time.monotonic()
+        stream, first = await once()
+        if fleet is not None and not _on_current(first or [], fleet):
+            stream, first = await resend_stale((stream, first), since, once, _first_versions, fleet,
+                                               ctx.settings.stale_reply_tries, _close_stream,
+                                               stats.count_stale_reply)
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         frames = StreamFrames(rules, formatter)
@@ -67,6 +75,18 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         finally:
             record(stats, rules)
     return response
+
+
+def _on_current(items: list[dict], fleet: FleetVersions) -> bool:
+    """The fast path of the stale-weights check: every item (or first stream event) carries the fleet's
+    current version, or none; anything else is judged by fleet_versions.resend_stale."""
+    current = fleet.record.current
+    for item in items:
+        meta = item.get("meta_info")
+        version = meta.get("weight_version") if meta else None
+        if version is not None and version != current:
+            return False
+    return True
 
 
 async def _nothing(reply) -> None:

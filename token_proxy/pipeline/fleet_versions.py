@@ -6,7 +6,7 @@ at any moment from the request's send until its reply, plus the versions an upda
 the fleet to. So a rollout kept across a keep-pause (sent on A, finished on B after the push) passes, as
 does one that finished on A just before the fleet moved to B; a worker that restarted and reports
 "default" (or any version the fleet left before the request was sent) does not. The fleet's record is the
-admin plane's (admin/fence.py gives the owner's; a --workers process mirrors it, serving/fleet_mirror.py).
+admin plane's (its VersionBoard, admin/workers.py; a --workers process mirrors it, serving/fleet_mirror.py).
 A reply without a weight version (SGLang before weight versions) cannot be judged and passes.
 
 The admin plane's watcher (admin/fence.py) keeps a worker that restarted or drifted out of the fleet;
@@ -72,11 +72,23 @@ class VersionRecord:
 
 
 class FleetVersions(Protocol):
-    """The fleet's version record, as this process knows it."""
+    """The fleet's version record, as this process knows it (`record` is replaced, never changed)."""
 
-    def record(self) -> VersionRecord: ...
+    record: VersionRecord
 
     async def refresh(self) -> None: ...  # learn the latest (a --workers process asks the owner)
+
+
+class VersionBoard:
+    """The admin owner's: the plane puts a fresh record here on every change (admin/workers.py)."""
+
+    __slots__ = ("record",)
+
+    def __init__(self) -> None:
+        self.record = VersionRecord()
+
+    async def refresh(self) -> None:
+        return None
 
 
 FLEET_VERSIONS: web.AppKey[FleetVersions] = web.AppKey("fleet_versions", object)
@@ -97,40 +109,39 @@ async def stale_version(fleet: FleetVersions, versions: set[str], since: float) 
     """A version of `versions` the fleet did not serve since `since` (asked again after a refresh), or None."""
     if not versions:
         return None
-    accepted = fleet.record().accepted(since)
+    accepted = fleet.record.accepted(since)
     if accepted is None or versions <= accepted:
         return None
     await fleet.refresh()
-    accepted = fleet.record().accepted(since)
+    accepted = fleet.record.accepted(since)
     if accepted is None:
         return None
     bad = sorted(versions - accepted)
     return bad[0] if bad else None
 
 
-async def fresh_reply(send: Callable[[], Awaitable[T]], versions_of: Callable[[T], set[str]],
-                      fleet: FleetVersions | None, tries: int, on_stale: Callable[[T], Awaitable[None]],
-                      count: Callable[[], None]) -> T:
-    """`send()` until its reply carries only accepted versions (at most `tries` sends). A stale reply
-    is counted, handed to `on_stale` (a stream is closed there) and sent again; the last one a 503."""
-    if fleet is None or tries <= 0:
-        return await send()
+async def resend_stale(reply: T, since: float, send: Callable[[], Awaitable[T]],
+                       versions_of: Callable[[T], set[str]], fleet: FleetVersions, tries: int,
+                       on_stale: Callable[[T], Awaitable[None]], count: Callable[[], None]) -> T:
+    """The slow path, for a reply (sent at `since`) whose version is not the fleet's current one: judged
+    against the accepted set; a stale one is counted, handed to `on_stale` (a stream is closed there) and
+    sent again, up to `tries` sends in all; the last stale one is a 503."""
     backoff = RETRY_BACKOFF_S
     for attempt in range(1, tries + 1):
-        since = time.monotonic()
-        reply = await send()
         bad = await stale_version(fleet, versions_of(reply), since)
         if bad is None:
             return reply
         count()
         await on_stale(reply)
-        record = fleet.record()
+        current = fleet.record.current
         log.warning("a reply came from weight version %r, not the fleet's %r: sent again (%d of %d)", bad,
-                    record.current, attempt, tries)
+                    current, attempt, tries)
         if attempt == tries:
             raise BackendUnavailable(
-                f"SGLang answered from weight version {bad!r} while the fleet serves {record.current!r}, "
+                f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}, "
                 f"{tries} time(s): a worker is out of step with the fleet (GET /weight_info names it)")
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
-    raise AssertionError("unreachable")
+        since = time.monotonic()
+        reply = await send()
+    return reply

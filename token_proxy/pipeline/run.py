@@ -136,7 +136,8 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, ta
     rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
     formatter = await endpoint.formatter(ctx, meta)
     lora = request.app.get(LORA) if target.lora_path else None
-    fleet = request.app.get(FLEET_VERSIONS)  # the last line against stale weights (fleet_versions.py)
+    # The last line against stale weights (fleet_versions.py); --stale-reply-tries 0 turns it off.
+    fleet = request.app.get(FLEET_VERSIONS) if ctx.settings.stale_reply_tries else None
     if job.stream:
         return await generate_streamed(request, ctx, call, rules, formatter, stats, lora, fleet)
     outputs = await generate_whole(ctx, call, rules, stats, lora, fleet)

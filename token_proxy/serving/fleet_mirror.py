@@ -22,11 +22,8 @@ class FleetMirror:
     def __init__(self, session: aiohttp.ClientSession):
         self.session = session
         self.seq = -1
-        self._record = VersionRecord()
+        self.record = VersionRecord()
         self.first = asyncio.Event()
-
-    def record(self) -> VersionRecord:
-        return self._record
 
     async def refresh(self) -> None:
         try:
@@ -48,5 +45,5 @@ class FleetMirror:
                 raise aiohttp.ClientError(f"HTTP {resp.status}")
             data = await resp.json()
         if int(data["seq"]) >= self.seq:
-            self.seq, self._record = int(data["seq"]), VersionRecord.of(data)
+            self.seq, self.record = int(data["seq"]), VersionRecord.of(data)
         self.first.set()
