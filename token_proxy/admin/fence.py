@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from token_proxy.admin import fleet
 from token_proxy.admin.flush import safe_flush, settle_refusals
 from token_proxy.admin.workers import ADMIN, AdminPlane
-from token_proxy.errors import BackendUnavailable
+from token_proxy.errors import BackendUnavailable, ProxyError
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.sglang.workers import WorkerReply
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
@@ -128,8 +128,9 @@ class Fence:
             if entry.reason.startswith(UNREACHABLE) and not entry.came_back:
                 entry.came_back, entry.first_version = True, version
                 entry.reason = f"restarted (was {entry.reason}); reports weight version {version!r}"
-                log.error("worker %s fenced: %s", url, entry.reason)
-                await self.pause(url)  # a restarted SGLang comes back unpaused
+                if not (version == fleet and self._pristine(fleet)):  # else its weights are the fleet's
+                    log.error("worker %s fenced: %s", url, entry.reason)
+                    await self.pause(url)  # a restarted SGLang comes back unpaused
             if not entry.healing and time.monotonic() >= entry.next_try:
                 self.heal_or_hold(entry, version, fleet)
 
@@ -151,14 +152,18 @@ class Fence:
 
     def heal_or_hold(self, entry: Fenced, version: str, fleet: str) -> None:
         plane = self.plane
-        pristine = plane.loaded_path == plane.base_model_path and fleet == plane.initial_version
-        if version == fleet and (entry.first_version != fleet or (entry.came_back and pristine)
+        if version == fleet and (entry.first_version != fleet or (entry.came_back and self._pristine(fleet))
                                  or self._pushed_since(entry.since)):
             self._spawn(entry, self.let_in(entry))  # an update brought it to the fleet's weights
         elif plane.loaded_path is not None:
             self._spawn(entry, self.heal_from_disk(entry))
         else:
             self._spawn(entry, self.pause(entry.url))  # over NCCL: out until a push (a /resume may have continued it)
+
+    def _pristine(self, fleet: str) -> bool:
+        """The fleet serves the weights SGLang starts with (what a restarted worker comes back on)."""
+        plane = self.plane
+        return plane.loaded_path == plane.base_model_path and fleet == plane.initial_version
 
     def _pushed_since(self, since: float) -> bool:
         step = self.plane.last_step
@@ -264,17 +269,23 @@ class Fence:
 
 async def _call(router, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
     raw = orjson.dumps(body) if body is not None else None
-    status, data, _ = await router.call(method, path, raw, ROUTER_TIMEOUT_S)
+    try:
+        status, data, _ = await router.call(method, path, raw, ROUTER_TIMEOUT_S)
+    except ProxyError as exc:
+        return exc.status, exc.message.encode()
     return status, data
 
 
 async def _router_ids(router) -> dict[str, str]:
     """sglang-router's workers: url -> id (0.3 names each by a UUID; older ones by the url); {} when the
     backend is no router (SGLang answers 404)."""
-    status, raw, _ = await router.call("GET", "/workers", None, ROUTER_TIMEOUT_S)
-    if status != 200:
+    status, raw = await _call(router, "GET", "/workers")
+    try:
+        workers = orjson.loads(raw).get("workers") if status == 200 else None
+    except (orjson.JSONDecodeError, AttributeError):
+        workers = None
+    if not isinstance(workers, list):
         return {}
-    workers = orjson.loads(raw).get("workers") or []
     return {w["url"].rstrip("/"): str(w.get("id") or w["url"]) for w in workers if isinstance(w, dict) and w.get("url")}
 
 
