@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 2.0  # a /model_info slower than this is no verdict (a busy worker is not a dead one)
 ROUTER_TIMEOUT_S = 10.0
+PAUSE_TIMEOUT_S = 10.0  # a worker that cannot pause in this long is out of the router's list anyway
 ROUTER_SETTLE_S = 5.0  # sglang-router 0.3 adds and removes in the background: how long to wait to see it
 HEAL_RETRY_S = 1.0
 UNREACHABLE = "unreachable"
@@ -144,7 +145,7 @@ class Fence:
 
     async def pause(self, url: str) -> None:
         (reply,) = await self.plane.fan_out("POST", "/pause_generation", {"mode": "abort"},
-                                            self.plane.settings.admin_timeout_s, [url])
+                                            min(self.plane.settings.admin_timeout_s, PAUSE_TIMEOUT_S), [url])
         if not reply.ok and not _down(reply):
             log.warning("fence: cannot pause %s: %s", url, reply.message)
 
@@ -170,8 +171,9 @@ class Fence:
         return step is not None and step.ok and step.finished_at > since
 
     def _spawn(self, entry: Fenced, work) -> None:
+        entry.healing = True  # before the task runs: the next check must not start another
+
         async def run():
-            entry.healing = True
             try:
                 await work
             except Exception as exc:  # noqa: BLE001 (tried again after HEAL_RETRY_S)
