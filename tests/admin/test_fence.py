@@ -6,6 +6,7 @@ another version is sent again, never returned."""
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from tests.sglang.test_router import wait_for_workers
 from tests.support.admin_fixtures import free_port, stop_process, until
 from token_proxy.admin.fence import FENCE
 from token_proxy.admin.workers import ADMIN
+from token_proxy.pipeline.fleet_versions import VersionRecord
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse
@@ -248,3 +250,14 @@ async def test_a_reply_kept_across_an_update_carries_a_version_the_fleet_held(ma
     assert await asyncio.wait_for(task, 10) == {"status": 200, "versions": ["1"]}
     assert len(state(sim).received) == 1
     assert proxy.app[FENCE].fenced == {}
+
+
+def test_the_accepted_set_is_what_the_fleet_held_from_send_to_reply_plus_updates_in_flight():
+    record = VersionRecord("7", "default", [(10.0, "6"), (20.0, "7")], {"8": math.inf, "9": 25.0})
+    assert record.accepted(since=5.0, now=30.0) == {"default", "6", "7", "8"}  # sent on default
+    assert record.accepted(since=15.0, now=24.0) == {"6", "7", "8", "9"}  # sent on 6; 9 until 25
+    assert record.accepted(since=21.0, now=30.0) == {"7", "8"}  # a restarted worker's "default": stale
+    assert VersionRecord().accepted(since=0.0) is None  # no fleet version known: nothing is judged
+    wire = orjson.loads(orjson.dumps(record.as_dict()))  # the --workers mirror's copy
+    assert wire["incoming"] == {"8": None, "9": 25.0}
+    assert VersionRecord.of(wire) == record

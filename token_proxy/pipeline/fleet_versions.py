@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -62,13 +63,14 @@ class VersionRecord:
         return frozenset(out)
 
     def as_dict(self) -> dict:
+        """JSON (a --workers mirror's copy): an update still running is accepted until None (no end yet)."""
         return {"current": self.current, "initial": self.initial, "history": [list(h) for h in self.history],
-                "incoming": dict(self.incoming)}
+                "incoming": {v: None if math.isinf(until) else until for v, until in self.incoming.items()}}
 
     @classmethod
     def of(cls, data: dict) -> VersionRecord:
         return cls(data.get("current"), data.get("initial"), [(float(t), str(v)) for t, v in data.get("history", [])],
-                   {str(k): float(v) for k, v in (data.get("incoming") or {}).items()})
+                   {str(k): math.inf if v is None else float(v) for k, v in (data.get("incoming") or {}).items()})
 
 
 class FleetVersions(Protocol):

@@ -28,7 +28,7 @@ class FleetMirror:
     async def refresh(self) -> None:
         try:
             await self._fetch(-1, 0.0)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except Exception as exc:  # noqa: BLE001 (the record held stays until the next poll brings one)
             log.warning("cannot read the fleet's weight versions from the admin process: %s", exc)
 
     async def run(self) -> None:
@@ -36,6 +36,9 @@ class FleetMirror:
             try:
                 await self._fetch(self.seq, POLL_WAIT_S)
             except (aiohttp.ClientError, asyncio.TimeoutError):
+                await asyncio.sleep(RETRY_S)
+            except Exception:  # the mirror outlives any one bad answer
+                log.exception("cannot read the fleet's weight versions from the admin process")
                 await asyncio.sleep(RETRY_S)
 
     async def _fetch(self, seen: int, wait_s: float) -> None:
