@@ -6,8 +6,8 @@ version every --fence-interval seconds (0.25 by default). A worker is FENCED whe
   restarted SGLang back on "default" while the fleet serves 7; or
 - does not answer (refused or 503: it died, or is restarting): it comes back with the weights it started on.
 A fenced worker is paused (/pause_generation, mode abort: what it runs is on the wrong weights) and, behind
-sglang-router, taken out of the router's list (sglang-router 0.3: DELETE /workers/{id}; older routers:
-POST /remove_worker?url=), so nothing reaches it. It stays an admin-plane worker: a weight update reaches it.
+sglang-router, taken out of the router's list (router_list.py), so nothing reaches it. It stays an
+admin-plane worker: a weight update reaches it.
 
 It is HEALED:
 - from disk, when the fleet's weights came from a checkpoint (fleet.py's loaded_path): that checkpoint is
@@ -17,7 +17,7 @@ It is HEALED:
   the token_proxy_fenced_workers gauge, until an update brings it to the fleet's version (the trainer's
   next group init and full push reach it too);
 then it is let back in: continued (unless the whole fleet is paused: the fleet's /resume does it) and,
-behind sglang-router, added back (POST /workers {"url"}; older: POST /add_worker?url=).
+behind sglang-router, added back.
 A worker that was only unreachable and comes back on the fleet's version is let back in at once when the
 fleet still serves the weights SGLang starts with; otherwise it is healed as above.
 The watcher stands aside while a weight update holds the fleet (fleet.py's lock), during a client's own
@@ -31,16 +31,14 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from urllib.parse import quote
 
-import orjson
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from token_proxy.admin import fleet
+from token_proxy.admin import fleet, router_list
 from token_proxy.admin.flush import safe_flush, settle_refusals
 from token_proxy.admin.workers import ADMIN, AdminPlane
-from token_proxy.errors import BackendUnavailable, ProxyError
+from token_proxy.errors import BackendUnavailable
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.sglang.workers import WorkerReply
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
@@ -48,9 +46,7 @@ from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 2.0  # a /model_info slower than this is no verdict (a busy worker is not a dead one)
-ROUTER_TIMEOUT_S = 10.0
 PAUSE_TIMEOUT_S = 10.0  # a worker that cannot pause in this long is out of the router's list anyway
-ROUTER_SETTLE_S = 5.0  # sglang-router 0.3 adds and removes in the background: how long to wait to see it
 HEAL_RETRY_S = 1.0
 UNREACHABLE = "unreachable"
 FENCED, HEALED = "fenced", "healed"
@@ -238,64 +234,22 @@ class Fence:
     # ---- sglang-router's list
 
     async def take_out(self, entry: Fenced) -> None:
-        plane = self.plane
-        router = plane.client
-        listed = await _router_ids(router)
-        if entry.url not in listed:
-            return  # no router in front (the backend is an SGLang server), or it does not list this worker
-        status, raw = await _call(router, "DELETE", f"/workers/{listed[entry.url]}")
-        if status in (400, 404, 405):  # before sglang-router 0.3
-            status, raw = await _call(router, "POST", f"/remove_worker?url={quote(entry.url, safe='')}")
-        if status >= 300:
-            log.error("fence: sglang-router did not remove %s (%s): %s", entry.url, status, raw[:200])
-            return
-        entry.removed = True
-        plane.router_removed[entry.url] = None
-        await _settle(router, entry.url, present=False)
+        removed = await router_list.remove(self.plane.client, entry.url)
+        if isinstance(removed, str):
+            log.error("fence: %s", removed)
+        elif removed:
+            entry.removed = True
+            self.plane.router_removed[entry.url] = None
 
     async def put_back(self, entry: Fenced) -> None:
-        router = self.plane.client
-        if entry.url not in await _router_ids(router):
-            status, raw = await _call(router, "POST", "/workers", {"url": entry.url})
-            if status == 404:
-                status, raw = await _call(router, "POST", f"/add_worker?url={quote(entry.url, safe='')}")
-            if status >= 300:
-                raise RuntimeError(f"sglang-router did not add {entry.url} back ({status}): {raw[:200]!r}")
-            await _settle(router, entry.url, present=True)
+        error = await router_list.add(self.plane.client, entry.url)
+        if error:
+            raise RuntimeError(error)
         entry.removed = False
         self.plane.router_removed.pop(entry.url, None)
 
     def info(self) -> list[dict]:
         return [entry.as_dict() for entry in self.fenced.values()]
-
-
-async def _call(router, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
-    raw = orjson.dumps(body) if body is not None else None
-    try:
-        status, data, _ = await router.call(method, path, raw, ROUTER_TIMEOUT_S)
-    except ProxyError as exc:
-        return exc.status, exc.message.encode()
-    return status, data
-
-
-async def _router_ids(router) -> dict[str, str]:
-    """sglang-router's workers: url -> id (0.3 names each by a UUID; older ones by the url); {} when the
-    backend is no router (SGLang answers 404)."""
-    status, raw = await _call(router, "GET", "/workers")
-    try:
-        workers = orjson.loads(raw).get("workers") if status == 200 else None
-    except (orjson.JSONDecodeError, AttributeError):
-        workers = None
-    if not isinstance(workers, list):
-        return {}
-    return {w["url"].rstrip("/"): str(w.get("id") or w["url"]) for w in workers if isinstance(w, dict) and w.get("url")}
-
-
-async def _settle(router, url: str, present: bool) -> None:
-    """sglang-router 0.3 applies adds and removes in the background: wait until its list shows it."""
-    deadline = time.monotonic() + ROUTER_SETTLE_S
-    while ((url in await _router_ids(router)) != present) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
 
 
 def _down(reply: WorkerReply) -> bool:
