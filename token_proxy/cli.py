@@ -124,6 +124,10 @@ FLAG_GROUPS = (
         ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
         ("--init-group-timeout", "init_group_timeout_s", float, ("seconds joining a weight-update group may "
          "take")),
+        ("--fence-interval", "fence_interval_s", float, ("seconds between reads of every worker's weight "
+         "version: one that restarted or differs from the fleet's is kept out until healed (0: off)")),
+        ("--stale-reply-tries", "stale_reply_tries", int, ("times a reply on weights the fleet does not serve "
+         "is sent before a 503 (0: returned as it is)")),
         ("--check-local-paths", "check_local_paths", flag_bool, ("refuse weight/adapter paths that look local "
          "but do not exist here")),
         ("--weight-dir", "weight_dirs", url_list, ("repeatable: weight and LoRA paths must lie under one of "

@@ -20,6 +20,7 @@ from aiohttp import web
 from token_proxy import __version__
 from token_proxy.admin import removed_routes, vllm_rl
 from token_proxy.admin import routes as prime_rl
+from token_proxy.admin.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded
 from token_proxy.admin.routes import add_admin_state
 from token_proxy.api.chat.endpoint import (
@@ -229,6 +230,7 @@ def add_admin_plane(app: web.Application) -> None:
     """This process answers the admin plane: its state, its rows, then (last: aiohttp matches in order)
     the pass-through of every other route to SGLang."""
     add_admin_state(app)
+    add_fence(app)  # after the plane's state: its watcher and the data path's fleet versions
     add_rows(app, [route for route in ROUTES if route.worker == OWNER])
     add_passthrough(app)
 

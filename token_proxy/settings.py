@@ -65,6 +65,11 @@ class Settings:
     admin_timeout_s: float = 300.0
     weight_update_timeout_s: float = 720.0
     init_group_timeout_s: float = 300.0
+    # The fence (admin/fence.py): how often every worker's /model_info weight version is read, to keep a
+    # worker that restarted or drifted from the fleet's version out until it is healed (0: off); and how
+    # many times a reply on weights the fleet does not serve is sent (pipeline/fleet_versions.py; 0: off).
+    fence_interval_s: float = 0.25
+    stale_reply_tries: int = 4
     # Refuse weight / adapter paths that look local but do not exist here: SGLang would try them
     # as Hugging Face Hub ids. Turn off when the proxy does not share SGLang's filesystem.
     check_local_paths: bool = True
@@ -165,6 +170,8 @@ class Settings:
             raise ValueError(f"--pause-mode must be {one_of(SGLANG_PAUSE_MODES)}, got {self.pause_mode!r}")
         if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
             raise ValueError("admin timeouts must be positive")
+        if self.fence_interval_s < 0 or self.stale_reply_tries < 0:
+            raise ValueError("--fence-interval and --stale-reply-tries must be >= 0 (0: off)")
         _check_tool_flags(self)
         if self.session_ttl_s <= 0 or self.session_max_bytes < 0 or self.session_max_count < 1:
             raise ValueError("--session-ttl must be > 0, --session-max-bytes >= 0 and --session-max-count >= 1")

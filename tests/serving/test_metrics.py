@@ -195,8 +195,10 @@ async def test_weight_updates_count_time_and_follow_the_version(sim, make_app_cl
         state.weight_version = body["version"]
         return web.json_response({"success": True, "message": ""})
 
+    # The fake route changes versions behind the admin plane's back: its fence and stale-reply check
+    # (admin/fence.py) would undo and refuse them; both off here.
     proxy = await make_app_client(sim, routes=[("POST", "/test/update_weights", fake_update)],
-                                  weight_routes={"/test/update_weights"})
+                                  weight_routes={"/test/update_weights"}, fence_interval_s=0, stale_reply_tries=0)
     before = await scrape(proxy)
     assert (await proxy.post("/test/update_weights", json={"ok": False})).status == 400
     assert (await proxy.post("/test/update_weights", json={"ok": True, "version": "7"})).status == 200

@@ -290,6 +290,38 @@ async def test_a_reloaded_adapter_stays_in_sglang_until_every_worker_is_done_wit
     assert "actor@v2" in await sim_adapters(proxy)
 
 
+async def test_no_worker_process_returns_a_reply_on_weights_the_fleet_left(proxy, tmp_path):
+    """Issue 28: the fleet's version lives in the owner; both data-plane processes check every reply
+    against it (mirrored). Rollouts in flight when SGLang drifts to another version behind the proxy's
+    back are sent again (the last line) and the owner's fence pauses, heals (from the fleet's checkpoint)
+    and resumes the worker: every reply carries the fleet's version 7."""
+    step = tmp_path / "step_7"
+    step.mkdir()
+    (step / "model.safetensors").write_bytes(b"\0")
+    assert await call("POST", proxy.url + "/update_weights", json={"weight_dir": str(step)}) == (
+        200, {"status": "ok", "weight_version": "7"})
+    rollouts = [asyncio.ensure_future(chat(proxy, max_tokens=20)) for _ in range(SPREAD)]
+    await asyncio.sleep(0.15)  # on their way (20 ms a token)
+    status, _ = await call("POST", proxy.sim_url + "/update_weight_version",
+                           json={"new_version": "rogue", "abort_all_requests": False})
+    assert status == 200
+    replies = await asyncio.wait_for(asyncio.gather(*rollouts), 60)
+    assert [[v["version"] for v in r["choices"][0]["weight_versions"]] for r in replies] == [["7"]] * SPREAD
+    assert proxy.workers_of(r["id"] for r in replies) == {0, 1}
+    deadline = time.monotonic() + 10
+    while True:  # the fence counts the heal just after it resumes the worker
+        status, text = await call("GET", proxy.url + "/metrics")
+        samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        events = (samples['token_proxy_fence_events_total{event="fenced"}'],
+                  samples['token_proxy_fence_events_total{event="healed"}'])
+        if events == ("1.0", "1.0") or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert events == ("1.0", "1.0")
+    assert float(samples['token_proxy_stale_replies_total{endpoint="/v1/chat/completions"}']) >= 1
+    assert (await call("GET", proxy.sim_url + "/model_info"))[1]["weight_version"] == "7"
+
+
 def test_every_log_line_is_one_whole_json_object(proxy):
     lines = proxy.lines()
     assert len(proxy.access()) >= 3 * SPREAD

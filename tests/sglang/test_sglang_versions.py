@@ -271,7 +271,8 @@ async def test_non_streaming_weight_versions_are_sglangs_exact_spans_from_0_5_19
     request = asyncio.create_task(new_proxy.post("/v1/chat/completions", json={
         "messages": USER, "max_tokens": 40, "ignore_eos": True}))
     await until(lambda: any(len(s.output_ids) >= 5 for s in state(new_sim).running.values()))
-    state(new_sim).weight_version = "v2"  # what an update does between two decode steps
+    new_proxy.app[ADMIN].record_version("v2")  # the fleet's update, as the proxy records it ...
+    state(new_sim).weight_version = "v2"  # ... and what it does between two decode steps
     response = await request
     spans = (await response.json())["choices"][0]["weight_versions"]
     assert [s["version"] for s in spans] == ["default", "v2"]

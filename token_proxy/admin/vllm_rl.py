@@ -47,6 +47,7 @@ from aiohttp import web
 
 from token_proxy import checks as check
 from token_proxy.admin import fleet, weight_session
+from token_proxy.admin.fence import fence_info
 from token_proxy.admin.flush import flush_or_owe, pending, read_pending
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.admin.workers import ADMIN, AdminPlane
@@ -438,7 +439,7 @@ async def weight_info(request: web.Request) -> web.Response:
         for worker in workers:
             worker["partial"] = worker["url"] in changed
         reply["held"] = plane.hold["message"]
-    return json_response(reply)
+    return json_response({**reply, **fence_info(request.app)})
 
 
 async def weight_checker(request: web.Request) -> web.Response:

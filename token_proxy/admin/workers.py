@@ -6,14 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 
+import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendTimeout
+from token_proxy.pipeline.fleet_versions import VersionBoard, VersionRecord
 from token_proxy.sglang.versions import SGLangFeatures
-from token_proxy.sglang.workers import Workers
+from token_proxy.sglang.workers import WorkerReply, Workers
+
+# SGLang's calls that set a weight version (the key of their body that names it), and how long after one
+# ends its version stays accepted on the data path while the proxy records the outcome.
+VERSION_KEYS = {"/update_weights_from_disk": "weight_version", "/update_weights_from_distributed": "weight_version",
+                "/update_weights_from_tensor": "weight_version", "/update_weight_version": "new_version"}
+INCOMING_GRACE_S = 10.0
 
 
 @dataclass(slots=True)
@@ -62,6 +71,55 @@ class AdminPlane(Workers):
     # A client opened SGLang's weight-update session itself (POST /begin_weight_update through the proxy):
     # the proxy's own bracket stands aside until the client's /end_weight_update.
     client_session: bool = False
+    # The fence (fence.py): workers it took out of sglang-router's list (still admin-plane workers: a
+    # weight update reaches them), whether the last disk update verified checksums, and the versions
+    # calls in flight are setting (the data path accepts them: pipeline/fleet_versions.py).
+    router_removed: dict[str, None] = field(default_factory=dict)
+    checksum_verified: bool = False
+    incoming: dict[str, float] = field(default_factory=dict)
+    changes: int = 0  # bumped whenever what the data path accepts changes (a --workers mirror waits on it)
+    board: VersionBoard = field(default_factory=VersionBoard)  # what this process's data path reads
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def worker_urls(self) -> list[str]:
+        urls = await super().worker_urls()
+        return urls + [url for url in self.router_removed if url not in urls]
+
+    async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
+                      timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
+        """Workers.fan_out; a call that sets a weight version marks that version incoming meanwhile."""
+        key = VERSION_KEYS.get(path.split("?", 1)[0])
+        targets = _targets(bodies, key) if key else set()
+        for version in targets:
+            self.incoming[version] = math.inf
+        if targets:
+            self.note_change()
+        try:
+            return await super().fan_out(method, path, bodies, timeout_s, urls)
+        finally:
+            if targets:
+                until = time.monotonic() + INCOMING_GRACE_S
+                for version in targets:
+                    self.incoming[version] = until
+                self.note_change()
+
+    def version_record(self) -> VersionRecord:
+        now = time.monotonic()
+        for version in [v for v, until in self.incoming.items() if until < now]:
+            del self.incoming[version]
+        return VersionRecord(self.version, self.initial_version, list(self.history), dict(self.incoming))
+
+    def note_change(self) -> None:
+        self.board.record = self.version_record()
+        self.changes += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_change(self, seen: int, timeout_s: float) -> None:
+        if seen != self.changes:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
 
     @contextlib.asynccontextmanager
     async def transaction(self):
@@ -82,6 +140,7 @@ class AdminPlane(Workers):
         if version is not None and version != self.version:
             self.version = version
             self.history.append((time.monotonic(), version))
+            self.note_change()
 
     def publish_step(self, result: StepResult) -> None:
         self.last_step = result
@@ -120,5 +179,19 @@ class AdminPlane(Workers):
         outcome = f"version {step.version}" if step.ok else "failed"
         return (f"; the last push ({outcome}) was already answered by an earlier /update_weights: each call "
                 "answers for one push that it waited for")
+
+def _targets(bodies, key: str) -> set[str]:
+    """The weight versions a call's bodies set (raw bytes are a forwarded JSON body)."""
+    out = set()
+    for body in bodies if isinstance(bodies, list) else [bodies]:
+        if isinstance(body, bytes):
+            try:
+                body = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                continue
+        if isinstance(body, dict) and body.get(key) is not None:
+            out.add(str(body[key]))
+    return out
+
 
 ADMIN: web.AppKey[AdminPlane] = web.AppKey("admin_plane", AdminPlane)

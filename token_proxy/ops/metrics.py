@@ -184,6 +184,9 @@ class ProxyMetrics:
                                                "calls, start to end", route, buckets=WEIGHT_UPDATE_BUCKETS)
         self.last_weight_update = gauge(PREFIX + "last_weight_update_timestamp_seconds", "Unix time of the "
                                         "last successful weight update", multiprocess_mode="max")
+        self.stale_replies = counter(PREFIX + "stale_replies_total", "SGLang replies on a weight version the "
+                                     "fleet does not serve, sent again instead of returned (streams: "
+                                     "checked at the first event)", route)
         self.unhonoured_seeds = counter(PREFIX + "unhonoured_seed_requests_total", "Requests whose `seed` "
                                         "SGLang ignores (started without --enable-deterministic-inference)", route)
         vllm = ["model_name", "engine"]
@@ -241,7 +244,7 @@ class ProxyMetrics:
                 for status in INFERENCE_STATUSES:
                     self.requests.labels(endpoint, status, stream)
             for counter in (self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.overloaded,
-                            self.disconnects, self.unhonoured_seeds):
+                            self.disconnects, self.unhonoured_seeds, self.stale_replies):
                 counter.labels(endpoint)
             for kind in _BACKEND_ERROR_KINDS.values():
                 self.backend_errors.labels(endpoint, kind)
@@ -329,6 +332,8 @@ class ProxyMetrics:
                 self.render.observe(stats.render_s)
         if stats.seed_unhonoured:
             self.unhonoured_seed(stats.endpoint)
+        if stats.stale_replies:
+            self.child(self.stale_replies, endpoint).inc(stats.stale_replies)
         if overloaded:
             self.child(self.overloaded, endpoint).inc()
         elif (stats.stream_error_status or status) in _BACKEND_ERROR_KINDS:  # in-stream failures too

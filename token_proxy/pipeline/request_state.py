@@ -53,6 +53,7 @@ class RequestStats:
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
     seed_unhonoured: bool = False  # the request's seed went to an SGLang that ignores it
+    stale_replies: int = 0  # replies on weights the fleet does not serve, sent again (fleet_versions.py)
 
     def mark_sent(self) -> None:
         if self.sent_at is None:
@@ -61,6 +62,9 @@ class RequestStats:
     def mark_first_token(self) -> None:
         if self.first_token_at is None:
             self.first_token_at = self.last_event_at = time.perf_counter()
+
+    def count_stale_reply(self) -> None:
+        self.stale_replies += 1
 
     def mark_client_gone(self) -> None:
         self.client_disconnected = True

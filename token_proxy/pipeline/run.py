@@ -17,6 +17,7 @@ from token_proxy.http_io import json_response, response_headers
 from token_proxy.lora.registry import ADAPTERS, Lease
 from token_proxy.lora.workers import LORA
 from token_proxy.pipeline.call import generate_streamed, generate_whole
+from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
@@ -135,9 +136,11 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, ta
     rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
     formatter = await endpoint.formatter(ctx, meta)
     lora = request.app.get(LORA) if target.lora_path else None
+    # The last line against stale weights (fleet_versions.py); --stale-reply-tries 0 turns it off.
+    fleet = request.app.get(FLEET_VERSIONS) if ctx.settings.stale_reply_tries else None
     if job.stream:
-        return await generate_streamed(request, ctx, call, rules, formatter, stats, lora)
-    outputs = await generate_whole(ctx, call, rules, stats, lora)
+        return await generate_streamed(request, ctx, call, rules, formatter, stats, lora, fleet)
+    outputs = await generate_whole(ctx, call, rules, stats, lora, fleet)
     return json_response(formatter.response(outputs, rules.usage()))
 
 

@@ -2,13 +2,16 @@
 
 - POST /_internal/adapters: a worker's LoRA long-poll (adapter_sync.py);
 - POST /_internal/lora_sync: a worker's request found SGLang without an adapter; re-load what is missing;
-- GET /_internal/metrics: the one-producer block every worker appends to its /metrics (metrics_block.py).
+- GET /_internal/metrics: the one-producer block every worker appends to its /metrics (metrics_block.py);
+- POST /_internal/fleet_versions {"seen", "wait"}: the fleet's weight-version record once it differs from
+  `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from token_proxy.admin.workers import ADMIN as ADMIN_PLANE
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.sync import MAP_PUBLISHED, AdapterPublisher
@@ -32,6 +35,13 @@ async def lora_sync(request: web.Request) -> web.Response:
     return json_response({"loaded": await request.app[LORA].sync_workers()})
 
 
+async def fleet_versions(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    plane = request.app[ADMIN_PLANE]
+    await plane.wait_for_change(int(body.get("seen", -1)), min(float(body.get("wait", 0.0)), 60.0))
+    return json_response({"seq": plane.changes, **plane.version_record().as_dict()})
+
+
 async def owner_metrics(request: web.Request) -> web.Response:
     return web.Response(body=await render_owner_block(request.app), content_type="text/plain")
 
@@ -41,6 +51,7 @@ CONTROL_ROUTES = (
     Route("/_internal/adapters", ("POST",), adapters_poll, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, worker=OWNER),
 )
 
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # Not token_proxy_lora_adapter_requests_in_flight: the owner's registry counts the workers' holds
 # (adapter_sync.py), not requests; with --workers N that series is left out.
-OWNER_FAMILIES = ("vllm:", "token_proxy_backend_metrics_", "token_proxy_weight_version",
+OWNER_FAMILIES = ("vllm:", "token_proxy_backend_metrics_", "token_proxy_weight_version", "token_proxy_fence",
                   "token_proxy_lora_adapter_loaded_timestamp_seconds", "python_info")
 WORKERS = web.AppKey("workers", list)  # the supervisor's worker processes (asyncio Process), by index
 CONTROL_SESSION = web.AppKey("control_session", aiohttp.ClientSession)

@@ -1,6 +1,6 @@
 """A --workers data-plane process's admin side: every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
 its Unix socket (the same routes as one process serves, so labels, 404s and 405s match), the LoRA map
-is mirrored (adapter_sync.py), and /metrics appends the owner's block (metrics_block.py)."""
+is mirrored (adapter_sync.py), so is the fleet's weight-version record (fleet_mirror.py), and /metrics appends the owner's block (metrics_block.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.metrics import EXTRA_METRICS
+from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.role import ROLE
 from token_proxy.routes import OWNER, ROUTES, add_rows
+from token_proxy.serving.fleet_mirror import FleetMirror
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.state import CONTEXT
 
@@ -96,10 +98,13 @@ async def _worker_state(app: web.Application):
             registry.base_names = {backend.served_model_name}
 
         app[CONTEXT].when_ready(learn)
-        task = asyncio.get_running_loop().create_task(follower.run())
+        mirror = app[FLEET_VERSIONS] = FleetMirror(session)  # the fleet's versions (the stale-reply check)
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(follower.run()), loop.create_task(mirror.run())]
         with contextlib.suppress(asyncio.TimeoutError):  # the owner is up before workers start
-            await asyncio.wait_for(follower.first_map.wait(), 5.0)
+            await asyncio.wait_for(asyncio.gather(follower.first_map.wait(), mirror.first.wait()), 5.0)
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

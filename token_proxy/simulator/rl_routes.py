@@ -15,6 +15,9 @@
   in-flight request and this call's connection are cut) and comes back `restart_s` later with the
   weights and version it started with, unpaused.
   A fault with a "path" (e.g. "/continue_generation") is taken by the next call to that route instead.
+- POST /sim/restart {"restart_s"}: the same restart at once, outside any update (a worker killed with -9
+  and started again): it answers 503 for `restart_s`, then serves again on the weights and version it
+  started with ("default" unless --weight-version), unpaused, as real SGLang does after a restart.
 """
 
 from __future__ import annotations
@@ -152,6 +155,18 @@ async def _restart(request: web.Request, restart_s: float) -> web.StreamResponse
     return web.Response(status=500)  # never reaches the caller: its connection is gone
 
 
+async def restart_now(request: web.Request) -> web.Response:
+    body = await _body(request, (0, "sim_restart"), allow_empty=True)
+    app = request.app
+    sim = app[SIM_STATE]
+    sim.crashed = True
+    sim.notify()
+    back = asyncio.get_running_loop().create_task(_come_back(app, float(body.get("restart_s", 0.2))))
+    app[RL_SIM].tasks.add(back)
+    back.add_done_callback(app[RL_SIM].tasks.discard)
+    return json_response({"success": True, "message": "restarting"})
+
+
 async def _come_back(app: web.Application, restart_s: float) -> None:
     await asyncio.sleep(restart_s)
     sim = app[SIM_STATE]
@@ -172,6 +187,7 @@ ROUTES = (
     ("POST", "/weights_checker", weights_checker),
     ("POST", "/sim/faults", set_faults),
     ("GET", "/sim/faults", list_faults),
+    ("POST", "/sim/restart", restart_now),
 )
 
 

@@ -1,0 +1,314 @@
+"""The fence: no rollout is served on weights other than the fleet's.
+
+A watcher (a background task of the admin plane's process) reads every worker's /model_info weight
+version every --fence-interval seconds (0.25 by default). A worker is FENCED when it
+- reports a weight version other than the fleet's (and not one an update in flight is setting), e.g. a
+  restarted SGLang back on "default" while the fleet serves 7; or
+- does not answer (refused or 503: it died, or is restarting): it comes back with the weights it started on.
+A fenced worker is paused (/pause_generation, mode abort: what it runs is on the wrong weights) and, behind
+sglang-router, taken out of the router's list (router_list.py), so nothing reaches it. It stays an
+admin-plane worker: a weight update reaches it.
+
+It is HEALED:
+- from disk, when the fleet's weights came from a checkpoint (fleet.py's loaded_path): that checkpoint is
+  loaded on the worker with the fleet's version (/update_weights_from_disk), the version verified (and the
+  weights checksum against a healthy worker's, when the fleet's last update verified checksums);
+- over NCCL (no checkpoint holds the fleet's weights): it stays out, named in /weight_info `fenced` and
+  the token_proxy_fenced_workers gauge, until an update brings it to the fleet's version (the trainer's
+  next group init and full push reach it too);
+then it is let back in: continued (unless the whole fleet is paused: the fleet's /resume does it) and,
+behind sglang-router, added back.
+A worker that was only unreachable and comes back on the fleet's version is let back in at once when the
+fleet still serves the weights SGLang starts with; otherwise it is healed as above.
+The watcher stands aside while a weight update holds the fleet (fleet.py's lock), during a client's own
+weight-update session, and while a failed update holds the fleet paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from token_proxy.admin import fleet, router_list
+from token_proxy.admin.flush import safe_flush, settle_refusals
+from token_proxy.admin.workers import ADMIN, AdminPlane
+from token_proxy.errors import BackendUnavailable
+from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
+from token_proxy.sglang.workers import WorkerReply
+from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
+
+log = logging.getLogger(__name__)
+
+POLL_TIMEOUT_S = 2.0  # a /model_info slower than this is no verdict (a busy worker is not a dead one)
+PAUSE_TIMEOUT_S = 10.0  # a worker that cannot pause in this long is out of the router's list anyway
+HEAL_RETRY_S = 1.0
+UNREACHABLE = "unreachable"
+FENCED, HEALED = "fenced", "healed"
+
+
+@dataclass(slots=True)
+class Fenced:
+    url: str
+    reason: str
+    since: float = field(default_factory=time.monotonic)
+    first_version: str | None = None  # what it reported when fenced (or first after coming back)
+    came_back: bool = False  # it was unreachable, and answers again
+    removed: bool = False  # out of sglang-router's list
+    healing: bool = False
+    last_error: str | None = None
+    next_try: float = 0.0
+
+    def as_dict(self) -> dict:
+        out = {"url": self.url, "reason": self.reason, "removed_from_router": self.removed,
+               "healing": self.healing, "fenced_for_s": round(time.monotonic() - self.since, 3)}
+        if self.last_error:
+            out["last_error"] = self.last_error
+        return out
+
+
+@dataclass
+class Fence:
+    plane: AdminPlane
+    interval_s: float
+    fenced: dict[str, Fenced] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=lambda: {FENCED: 0, HEALED: 0})
+    tasks: set = field(default_factory=set)
+
+    # ---- the watcher
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the watcher outlives any one bad read
+                log.exception("the fence's check failed")
+            await asyncio.sleep(self.interval_s)
+
+    def standing_aside(self) -> bool:
+        plane = self.plane
+        return plane.update_lock.locked() or plane.client_session or plane.hold is not None
+
+    async def check(self) -> None:
+        """One read of every worker's version; fence what drifted, heal or re-pause what is fenced."""
+        plane = self.plane
+        if plane.version is None or self.standing_aside():
+            return
+        urls = await plane.worker_urls()
+        fleet = plane.version
+        replies = await plane.fan_out("GET", "/model_info", None, POLL_TIMEOUT_S, urls)
+        if self.standing_aside() or plane.version != fleet:
+            return  # an update began meanwhile: its versions are not drift
+        record = plane.version_record()
+        accepted = {fleet, *record.incoming}
+        for reply in replies:
+            url, version = reply.url, _version(reply)
+            entry = self.fenced.get(url)
+            if _down(reply):
+                if entry is None:
+                    await self.fence(url, f"{UNREACHABLE}: {reply.message}", None)
+                continue
+            if version is None:
+                continue  # no verdict (a timeout, or an SGLang without weight versions)
+            if entry is None:
+                if version not in accepted:
+                    await self.fence(url, f"reports weight version {version!r}; the fleet serves {fleet!r}",
+                                     version)
+                continue
+            if entry.reason.startswith(UNREACHABLE) and not entry.came_back:
+                entry.came_back, entry.first_version = True, version
+                entry.reason = f"restarted (was {entry.reason}); reports weight version {version!r}"
+                if not (version == fleet and self._pristine(fleet)):  # else its weights are the fleet's
+                    log.error("worker %s fenced: %s", url, entry.reason)
+                    await self.pause(url)  # a restarted SGLang comes back unpaused
+            if not entry.healing and time.monotonic() >= entry.next_try:
+                self.heal_or_hold(entry, version, fleet)
+
+    async def fence(self, url: str, reason: str, version: str | None) -> None:
+        entry = self.fenced[url] = Fenced(url, reason, first_version=version)
+        self.events[FENCED] += 1
+        self.plane.note_change()
+        log.error("worker %s fenced: %s", url, reason)
+        await self.pause(url)
+        await self.take_out(entry)
+
+    async def pause(self, url: str) -> None:
+        (reply,) = await self.plane.fan_out("POST", "/pause_generation", {"mode": "abort"},
+                                            min(self.plane.settings.admin_timeout_s, PAUSE_TIMEOUT_S), [url])
+        if not reply.ok and not _down(reply):
+            log.warning("fence: cannot pause %s: %s", url, reply.message)
+
+    # ---- healing
+
+    def heal_or_hold(self, entry: Fenced, version: str, fleet: str) -> None:
+        plane = self.plane
+        if version == fleet and (entry.first_version != fleet or (entry.came_back and self._pristine(fleet))
+                                 or self._pushed_since(entry.since)):
+            self._spawn(entry, self.let_in(entry))  # an update brought it to the fleet's weights
+        elif plane.loaded_path is not None:
+            self._spawn(entry, self.heal_from_disk(entry))
+        else:
+            self._spawn(entry, self.pause(entry.url))  # over NCCL: out until a push (a /resume may have continued it)
+
+    def _pristine(self, fleet: str) -> bool:
+        """The fleet serves the weights SGLang starts with (what a restarted worker comes back on)."""
+        plane = self.plane
+        return plane.loaded_path == plane.base_model_path and fleet == plane.initial_version
+
+    def _pushed_since(self, since: float) -> bool:
+        step = self.plane.last_step
+        return step is not None and step.ok and step.finished_at > since
+
+    def _spawn(self, entry: Fenced, work) -> None:
+        entry.healing = True  # before the task runs: the next check must not start another
+
+        async def run():
+            try:
+                await work
+            except Exception as exc:  # noqa: BLE001 (tried again after HEAL_RETRY_S)
+                entry.last_error = str(exc)
+                log.warning("fence: healing %s failed: %s", entry.url, exc)
+            finally:
+                entry.healing = False
+                entry.next_try = time.monotonic() + HEAL_RETRY_S
+
+        task = asyncio.get_running_loop().create_task(run())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def heal_from_disk(self, entry: Fenced) -> None:
+        """The fleet's checkpoint on the fenced worker, as the fleet's version; verified; then let in."""
+        plane, url = self.plane, entry.url
+        async with plane.update_lock:  # one weight update at a time (fleet.py)
+            path, version = plane.loaded_path, plane.version
+            if path is None or version is None:
+                return
+            log.warning("fence: healing %s from %s (version %s)", url, path, version)
+            body = {"model_path": path, "flush_cache": True, "weight_version": version}
+            (flushable,) = await safe_flush(plane, [body], [url])
+            (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable,
+                                           plane.settings.weight_update_timeout_s, [url])
+            (reply,) = await settle_refusals(plane, [reply], version)
+            if not reply.ok:
+                entry.last_error = f"reload refused: {reply.message}"
+                return
+            error = await self.verify(url, version)
+            if error:
+                entry.last_error = error
+                return
+            await self.let_in(entry)
+
+    async def verify(self, url: str, version: str) -> str | None:
+        plane = self.plane
+        reported = (await fleet.read_versions(plane, [url])).get(url)
+        if reported != version:
+            return f"reports weight version {reported!r} after the reload, not {version!r}"
+        if not plane.checksum_verified:
+            return None
+        healthy = [u for u in await plane.worker_urls() if u not in self.fenced][:1]
+        sums = await fleet.read_checksums(plane, [url, *healthy])
+        if healthy and sums.get(url) != sums.get(healthy[0]):
+            return f"weights checksum {sums.get(url)} differs from {healthy[0]}'s {sums.get(healthy[0])}"
+        return None
+
+    async def let_in(self, entry: Fenced) -> None:
+        plane, url = self.plane, entry.url
+        if not plane.paused:
+            (reply,) = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s, [url])
+            if not reply.ok:
+                raise RuntimeError(f"continue_generation: {reply.message}")
+        if entry.removed:
+            await self.put_back(entry)
+        self.fenced.pop(url, None)
+        self.events[HEALED] += 1
+        plane.note_change()
+        log.warning("worker %s healed: back in the fleet at version %s", url, plane.version)
+
+    # ---- sglang-router's list
+
+    async def take_out(self, entry: Fenced) -> None:
+        removed = await router_list.remove(self.plane.client, entry.url)
+        if isinstance(removed, str):
+            log.error("fence: %s", removed)
+        elif removed:
+            entry.removed = True
+            self.plane.router_removed[entry.url] = None
+
+    async def put_back(self, entry: Fenced) -> None:
+        error = await router_list.add(self.plane.client, entry.url)
+        if error:
+            raise RuntimeError(error)
+        entry.removed = False
+        self.plane.router_removed.pop(entry.url, None)
+
+    def info(self) -> list[dict]:
+        return [entry.as_dict() for entry in self.fenced.values()]
+
+
+def _down(reply: WorkerReply) -> bool:
+    return isinstance(reply.error, BackendUnavailable) or reply.status == 503
+
+
+def _version(reply: WorkerReply) -> str | None:
+    body = reply.body if reply.ok else None
+    version = body.get("weight_version") if isinstance(body, dict) else None
+    return None if version is None else str(version)
+
+
+class FenceCollector:
+    """token_proxy_fenced_workers{url,reason} (1 per worker kept out) and token_proxy_fence_events_total{event}."""
+
+    def __init__(self, fence: Fence):
+        self.fence = fence
+
+    def collect(self):
+        gauge = GaugeMetricFamily("token_proxy_fenced_workers", "Workers kept out of the fleet now (paused, and "
+                                  "out of sglang-router's list) until healed, with why", labels=["url", "reason"])
+        for entry in self.fence.fenced.values():
+            gauge.add_metric([entry.url, entry.reason], 1)
+        events = CounterMetricFamily("token_proxy_fence_events", "Workers fenced (restarted, unreachable or on "
+                                     "another weight version) and healed (back in the fleet)", labels=["event"])
+        for event, count in self.fence.events.items():
+            events.add_metric([event], count)
+        yield gauge
+        yield events
+
+
+FENCE: web.AppKey[Fence] = web.AppKey("fence", Fence)
+
+
+def fence_info(app: web.Application) -> dict:
+    """/weight_info's `fenced`: each worker kept out, and why."""
+    fence = app.get(FENCE)
+    return {"fenced": fence.info() if fence is not None else []}
+
+
+def add_fence(app: web.Application) -> None:
+    """After the admin plane's state (its cleanup context makes the plane)."""
+    app.cleanup_ctx.append(_fence)
+
+
+async def _fence(app: web.Application):
+    plane = app[ADMIN]
+    settings = plane.settings
+    app[FLEET_VERSIONS] = plane.board
+    fence = app[FENCE] = Fence(plane, settings.fence_interval_s)
+    if REGISTER_COLLECTOR in app:
+        app[REGISTER_COLLECTOR](FenceCollector(fence))
+    app[CONTEXT].when_ready(lambda backend: plane.note_change())  # the version learnt at start-up
+    task = None
+    if settings.fence_interval_s > 0:
+        task = asyncio.get_running_loop().create_task(fence.run())
+    yield
+    for pending in [task, *fence.tasks]:
+        if pending is not None:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
