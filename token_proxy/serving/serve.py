@@ -46,7 +46,10 @@ def add_owner_planes(app) -> None:
     add_control_state(app)
 
 
-def serve(settings: Settings, sock: socket.socket, role=None) -> None:
+def serve(settings: Settings, sock: socket.socket, role=None, listen_when_ready: bool = False) -> None:
+    """Serve on `sock` until SIGTERM. A socket that is bound but not listening starts listening when the
+    site starts: at once (answering 503 until SGLang is connected), or with `listen_when_ready` only
+    once SGLang is known and the tokenizer loaded (a restarted --workers process whose siblings serve)."""
     from aiohttp import web
 
     from token_proxy.app import create_app
@@ -73,13 +76,28 @@ def serve(settings: Settings, sock: socket.socket, role=None) -> None:
                  "(--shutdown-timeout)", worker, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
 
     app.on_shutdown.append(say_shutting_down)
-    log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
-             settings.host, port, worker, settings.backend_url)
+    if listen_when_ready:
+        app.on_startup.append(until_ready)  # after the cleanup contexts (CONTEXT): run_app listens after it
+        log.info("token-proxy%s: listening on http://%s:%d/v1 once SGLang at %s is connected", worker,
+                 settings.host, port, settings.backend_url)
+    else:
+        log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
+                 settings.host, port, worker, settings.backend_url)
     web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
                 access_log=None, print=None, loop=new_event_loop())
     if fatal:  # already logged, in one line, where it was found
         logging.shutdown()
         raise SystemExit(2)
+
+
+async def until_ready(app) -> None:
+    """An on_startup hook: returns once the data path can serve. A fatal configuration error meanwhile
+    sends SIGTERM (ON_FATAL), which ends the wait and the process."""
+    from token_proxy.state import CONTEXT
+
+    ready = asyncio.Event()
+    app[CONTEXT].when_ready(lambda _backend: ready.set())
+    await ready.wait()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
