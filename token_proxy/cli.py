@@ -375,13 +375,16 @@ def main(argv: list[str] | None = None) -> None:
             if not settings.backend_url:
                 url = stack.enter_context(simulator_process(settings))
                 settings = dataclasses.replace(settings, backend_url=url)
+            from token_proxy.serving.serve import exit_at_once, serve
+
             if several:
                 from token_proxy.serving.supervisor import serve_workers
 
-                raise SystemExit(serve_workers(settings))
-            from token_proxy.serving.serve import serve
-
-            serve(settings, sock)
+                status = serve_workers(settings)
+            else:
+                serve(settings, sock)
+                status = 0
+        exit_at_once(status)  # stopped and cleaned up: no interpreter teardown past --shutdown-timeout
     except StartupError as exc:
         log.error("token-proxy cannot start: %s", exc)
         logging.shutdown()

@@ -54,6 +54,7 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
 
     from token_proxy.app import create_app
     from token_proxy.ops.access_log import ACCESS_LOGGER
+    from token_proxy.ops.drain import SERVER_GRACE_S
     from token_proxy.role import OWNER, Role
     from token_proxy.serving.metrics_block import WORKERS
     from token_proxy.serving.serve import add_owner_planes
@@ -79,7 +80,7 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     workers: list = []  # by index; _watch replaces a dead one in place (the metrics block reads their pids)
     app[WORKERS] = workers  # before the app starts: its state is frozen then
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=settings.shutdown_timeout_s)
+                           shutdown_timeout=settings.shutdown_timeout_s + SERVER_GRACE_S)
     await runner.setup()
     await web.UnixSite(runner, str(control)).start()
     env = {**os.environ, MULTIPROC_ENV: str(run_dir / "metrics")}

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     _end_with_parent()
     settings = pickle.loads((Path(run_dir) / "settings.pickle").read_bytes())
     from token_proxy.ops.access_log import configure_logging
-    from token_proxy.serving.serve import serve
+    from token_proxy.serving.serve import exit_at_once, serve
 
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     if not restarted:  # the first start: the port opens at once and answers 503 until SGLang is connected
         sock.listen(1024)
     serve(settings, sock, role=role, listen_when_ready=restarted)
+    exit_at_once(0)
 
 
 if __name__ == "__main__":
