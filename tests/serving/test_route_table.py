@@ -68,9 +68,32 @@ def test_a_worker_forwards_exactly_the_owner_rows():
     add_worker_plane(app)
     forwarded = {(route.method, route.resource.canonical) for route in app.router.routes()
                  if route.handler is forward_to_owner and isinstance(route.resource, web.PlainResource)}
-    assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER and route.served
-                         for method in route.methods}
+    # every OWNER row, SGLang's own listed ones too, for its methods (and HEAD with a served GET); else a 405
+    assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER
+                         for method in route.methods + (("HEAD",) if "GET" in route.methods and route.served else ())}
     assert ("POST", "/update_weights") in forwarded and ("POST", "/v1/completions") not in forwarded
+
+
+WRONG_METHODS = [("POST", "/ping", "GET"), ("DELETE", "/liveness", "GET, HEAD"),
+                 ("PUT", "/health_generate", "GET"), ("POST", "/model_info", "GET, HEAD"),
+                 ("GET", "/update_weights_from_tensor", "POST"), ("GET", "/pause", "POST"),
+                 ("DELETE", "/flush_cache", "GET, POST, HEAD"), ("POST", "/health", "GET, HEAD")]
+
+
+@pytest.mark.parametrize("method,path,allow", WRONG_METHODS)
+async def test_every_row_answers_only_its_methods_open_ones_too(proxy, method, path, allow):
+    """A method a row does not list is a 405 with Allow from the proxy, never a pass-through to SGLang
+    (before: POST /ping or DELETE /liveness reached SGLang with no key, as open ops rows)."""
+    resp = await proxy.request(method, path)
+    assert (resp.status, resp.headers["Allow"]) == (405, allow)
+    assert await resp.json() == {"error": {"message": f"Method {method} is not allowed on {path}; use {allow}",
+                                           "type": "MethodNotAllowedError", "param": None, "code": 405}}
+
+
+async def test_a_rows_own_methods_still_reach_sglang(proxy):
+    for method, path in (("GET", "/ping"), ("GET", "/health_generate"), ("GET", "/liveness"), ("HEAD", "/liveness")):
+        resp = await proxy.request(method, path)
+        assert resp.status == 200, (method, path, await resp.text())
 
 
 def test_openapi_sampling_ranges_are_the_parsers():
