@@ -93,7 +93,7 @@ FLAG_GROUPS = (
          "unhonoured (X-Seed-Honoured: false)")),
     )),
     ("limits", (
-        ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
+        ("--max-concurrent-requests", "max_concurrent_requests", int, "inference samples in flight (a request counts its n)"),
         ("--max-queued-requests", "max_queued_requests", int, "requests waiting for a slot; more get 503"),
         ("--queue-timeout", "queue_timeout_s", float, "seconds a request may wait for a slot"),
         ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
