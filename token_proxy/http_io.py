@@ -80,6 +80,7 @@ class RouteFlags(Protocol):
     weight_update: bool  # swaps weights: timed and counted by the metrics
     sets_version: bool  # SGLang may serve another weight version after it
     in_openapi: bool  # described by GET /openapi.json
+    worker: str  # "local": this process's own handler answers it (the data plane); "owner": the admin plane
 
 
 ROUTE_TABLE = web.AppKey("route_table", dict)  # path -> routes.Route
@@ -131,9 +132,13 @@ def sse_frames(chunks: list[dict]) -> bytes:
     return b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks])
 
 
+SSE_RESPONSE = web.RequestKey("sse_response", web.StreamResponse)  # the stream a handler opened
+
+
 async def open_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await response.prepare(request)
+    request[SSE_RESPONSE] = response  # ops/drain.py ends it with an error event at SIGTERM's deadline
     return response
 
 

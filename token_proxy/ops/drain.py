@@ -21,11 +21,12 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable
-from token_proxy.http_io import DONE, sse_frames
+from token_proxy.http_io import DONE, SSE_RESPONSE, route_of, sse_frames
 from token_proxy.pipeline.request_state import stats_of
 
 log = logging.getLogger(__name__)
 
+LOCAL = "local"  # a route this process's own handler answers (routes.py's LOCAL)
 SERVER_GRACE_S = 0.5  # aiohttp's shutdown timeout past ours: time to write the errors
 
 
@@ -58,12 +59,10 @@ class Drain:
 
 
 DRAIN = web.AppKey("drain", Drain)
-OPENED = web.RequestKey("opened_response", web.StreamResponse)  # a response the handler prepared itself
 
 
 def add_drain(app: web.Application, timeout_s: float) -> None:
     app[DRAIN] = Drain(timeout_s)
-    app.on_response_prepare.append(_note_opened)
     app.on_shutdown.append(_begin)
 
 
@@ -71,14 +70,12 @@ async def _begin(app: web.Application) -> None:
     app[DRAIN].begin()
 
 
-async def _note_opened(request: web.Request, response: web.StreamResponse) -> None:
-    request[OPENED] = response
-
-
 @web.middleware
 async def drain_deadline(request: web.Request, handler):
     drain = request.app.get(DRAIN)
-    if drain is None:
+    route = route_of(request.app, request.path)
+    if drain is None or route is None or route.worker != LOCAL:
+        # The admin plane's replies (forwarded, passed through) stream what another server sends: cut.
         return await handler(request)
     task = asyncio.current_task()
     drain.running.add(task)
@@ -96,13 +93,12 @@ async def drain_deadline(request: web.Request, handler):
 
 
 async def _answer(request: web.Request, error: BackendUnavailable) -> web.StreamResponse:
-    opened = request.get(OPENED)
-    if opened is None:  # nothing sent yet (a whole reply is prepared after the handler returns)
+    """The data plane's handlers answer whole (prepared after they return) or open an SSE stream."""
+    stream = request.get(SSE_RESPONSE)
+    if stream is None:
         return web.Response(status=error.status, body=orjson.dumps(error.body()), content_type="application/json",
                             headers=error.headers())
-    if opened.content_type != "text/event-stream":
-        raise asyncio.CancelledError  # another kind of reply under way (a forwarded one): it cannot say more
     stats_of(request).stream_error_status = error.status
-    await opened.write(sse_frames([error.body()]) + DONE)
-    await opened.write_eof()
-    return opened
+    await stream.write(sse_frames([error.body()]) + DONE)
+    await stream.write_eof()
+    return stream
