@@ -134,6 +134,7 @@ AGREEMENT = [  # path, body, whether the proxy takes it (and so /openapi.json al
     ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "seed": -(2**63) - 1}},
      False),
     ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "seed": -(2**63)}}, True),
+    ("/inference/v1/generate", {"token_ids": [1, 2], "stream_options": {"include_usage": 1.5}}, False),
 ]
 
 
