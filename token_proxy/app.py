@@ -13,6 +13,7 @@ from token_proxy.http_io import send_response_headers
 from token_proxy.ops.access_log import adopt_library_loggers
 from token_proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.ops.auth import ACCESS, AccessPolicy, access_control
+from token_proxy.ops.drain import add_drain, drain_deadline
 from token_proxy.ops.metrics import METRICS, add_observability, observe_requests
 from token_proxy.ops.middleware import openai_errors
 from token_proxy.role import OWNER, ROLE, Role
@@ -21,6 +22,8 @@ from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient, sglang_sessions
 from token_proxy.sglang.discovery import CONNECTION, keep_connected
 from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
+
+ABORTS_AT_EXIT_S = 0.5  # how long the upstream aborts sent at the end may take before the process exits
 
 
 def create_app(settings: Settings, role: Role | None = None,
@@ -32,15 +35,17 @@ def create_app(settings: Settings, role: Role | None = None,
     if not settings.backend_url:
         raise ValueError("create_app needs settings.backend_url (the CLI starts the simulator when none is given)")
     role = role or Role()
-    # observe_requests first: it sees every final status, refusals by the others included.
-    app = web.Application(middlewares=[observe_requests, openai_errors, access_control, admission_control],
-                          client_max_size=settings.max_body_bytes)
+    # observe_requests first: it sees every final status, refusals by the others included; then
+    # drain_deadline, which answers what is still running when SIGTERM's --shutdown-timeout passes.
+    app = web.Application(middlewares=[observe_requests, drain_deadline, openai_errors, access_control,
+                                       admission_control], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[ROLE] = role
     if role.kind != OWNER:  # the owner's callers are the workers, which applied keys and limits
         app[ACCESS] = AccessPolicy(settings.api_key, settings.admin_key, settings.admin_open)
         app[ADMISSION] = Admission(settings.max_concurrent_requests, settings.max_queued_requests,
                                    settings.queue_timeout_s)
+    add_drain(app, settings.shutdown_timeout_s)
     app.cleanup_ctx.append(_proxy_context)
     add_observability(app)  # after _proxy_context: the backend scrape uses its client
     add_sessions(app)  # after add_observability: its metrics go on that registry
@@ -66,6 +71,6 @@ async def _proxy_context(app: web.Application):
         yield
         connecting.cancel()
         pending = list(app[CONTEXT].background)
-        if pending:
-            await asyncio.wait(pending, timeout=5.0)
+        if pending:  # the upstream aborts of requests cut at the drain deadline: bounded, to exit on time
+            await asyncio.wait(pending, timeout=ABORTS_AT_EXIT_S)
     executor.shutdown(wait=False, cancel_futures=True)

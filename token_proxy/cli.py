@@ -103,7 +103,7 @@ FLAG_GROUPS = (
          "unhonoured (X-Seed-Honoured: false)")),
     )),
     ("limits", (
-        ("--max-concurrent-requests", "max_concurrent_requests", int, "inference requests in flight"),
+        ("--max-concurrent-requests", "max_concurrent_requests", int, "inference samples in flight (a request counts its n)"),
         ("--max-queued-requests", "max_queued_requests", int, "requests waiting for a slot; more get 503"),
         ("--queue-timeout", "queue_timeout_s", float, "seconds a request may wait for a slot"),
         ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 beyond)"),
@@ -478,13 +478,16 @@ def main(argv: list[str] | None = None) -> None:
             if not settings.backend_url:
                 url = stack.enter_context(simulator_process(settings))
                 settings = dataclasses.replace(settings, backend_url=url, simulator=True)
+            from token_proxy.serving.serve import exit_at_once, serve
+
             if several:
                 from token_proxy.serving.supervisor import serve_workers
 
-                raise SystemExit(serve_workers(settings))
-            from token_proxy.serving.serve import serve
-
-            serve(settings, sock)
+                status = serve_workers(settings)
+            else:
+                serve(settings, sock)
+                status = 0
+        exit_at_once(status)  # stopped and cleaned up: no interpreter teardown past --shutdown-timeout
     except StartupError as exc:
         log.error("token-proxy cannot start: %s", exc)
         logging.shutdown()

@@ -16,11 +16,23 @@ DONE = b"data: [DONE]\n\n"
 # orjson reads 1,024 levels but writes only 254, and the proxy re-encodes parts of a body
 # (prompt-cache keys, JSON schemas): a body it could not write back is refused up front.
 MAX_JSON_DEPTH = 254
-# A client that stops sending mid-body would otherwise hold its admission slot for good.
+# A client that stops sending mid-body would otherwise hold the connection (and its handler) for good.
 BODY_TIMEOUT_S = 60.0
 
 
 async def read_json(request: web.Request) -> dict:
+    raw = await read_body(request)
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; expected a JSON object", param="body")
+    body = parse_json_object(raw)
+    # Only a body with that many brackets can be that deep (token-id lists have few).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not _encodable(body):
+        raise InvalidRequest(f"The request body nests deeper than {MAX_JSON_DEPTH} levels", param="body")
+    return body
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body (kept by aiohttp: a second read returns it at once), or a 408 past BODY_TIMEOUT_S."""
     try:
         if request.content.is_eof():
             # The whole body is in (as for almost every request): read() cannot wait, and wait_for's
@@ -30,13 +42,7 @@ async def read_json(request: web.Request) -> dict:
             raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise web.HTTPRequestTimeout(text=f"The request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
-    if not raw.strip():
-        raise InvalidRequest("The request body is empty; expected a JSON object", param="body")
-    body = parse_json_object(raw)
-    # Only a body with that many brackets can be that deep (token-id lists have few).
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and not _encodable(body):
-        raise InvalidRequest(f"The request body nests deeper than {MAX_JSON_DEPTH} levels", param="body")
-    return body
+    return raw
 
 
 def parse_json_object(raw: bytes) -> dict:
@@ -74,6 +80,7 @@ class RouteFlags(Protocol):
     weight_update: bool  # swaps weights: timed and counted by the metrics
     sets_version: bool  # SGLang may serve another weight version after it
     in_openapi: bool  # described by GET /openapi.json
+    worker: str  # "local": this process's own handler answers it (the data plane); "owner": the admin plane
 
 
 ROUTE_TABLE = web.AppKey("route_table", dict)  # path -> routes.Route
@@ -125,9 +132,13 @@ def sse_frames(chunks: list[dict]) -> bytes:
     return b"".join([b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks])
 
 
+SSE_RESPONSE = web.RequestKey("sse_response", web.StreamResponse)  # the stream a handler opened
+
+
 async def open_sse(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     await response.prepare(request)
+    request[SSE_RESPONSE] = response  # ops/drain.py ends it with an error event at SIGTERM's deadline
     return response
 
 

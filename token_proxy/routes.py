@@ -21,7 +21,7 @@ from token_proxy import __version__
 from token_proxy.admin import removed_routes, vllm_rl
 from token_proxy.admin import routes as prime_rl
 from token_proxy.admin.fence import add_fence
-from token_proxy.admin.forward import add_passthrough, forwarded
+from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.routes import add_admin_state
 from token_proxy.api.chat.endpoint import (
     chat_completions,
@@ -119,7 +119,7 @@ def _admin(path: str, methods: tuple[str, ...], handler: Handler, dialect: str, 
 
 
 ROUTES: tuple[Route, ...] = (
-    # --- the data plane (every process answers it; a wrong method is a 405 with Allow) ---
+    # --- the data plane (every process answers it; on every row a wrong method is a 405 with Allow) ---
     Route("/v1/chat/completions", POST, chat_completions, INFERENCE, in_openapi=True),
     Route("/v1/chat/completions/tokens", POST, chat_completions_tokens, INFERENCE, in_openapi=True),
     Route("/v1/chat/completions/render", POST, chat_completions_render, TOKENIZER, in_openapi=True),  # no SGLang
@@ -206,24 +206,21 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
 
 
 def add_rows(app: web.Application, rows, handler: Handler | None = None) -> None:
-    """Register the served rows and list every row in the app's table (http_io.ROUTE_TABLE). A LOCAL
-    row answers a wrong method with 405 and Allow; an OWNER row leaves it to the pass-through.
-    `handler`: answers every served row in place of its own (a --workers process forwards the OWNER rows)."""
+    """Register the rows and list each in the app's table (http_io.ROUTE_TABLE). Every row answers only
+    its methods (and HEAD where it has GET and the proxy serves it); any other is a 405 with Allow, never the pass-through (an
+    open row such as /ping would otherwise take any method to SGLang without a key). A row with no
+    handler is SGLang's: its methods go to the pass-through. `handler`: answers every row in place of
+    its own (a --workers process forwards the OWNER rows to the owner)."""
     table = app.get(ROUTE_TABLE)
     if table is None:
         table = app[ROUTE_TABLE] = {}
     for route in rows:
         table[route.path] = route
-        if route.handler is None:
-            continue
-        answer = handler or route.handler
-        for method in route.methods:
+        answer = handler or route.handler or passthrough
+        methods = route.methods + (("HEAD",) if "GET" in route.methods and route.served else ())
+        for method in methods:
             app.router.add_route(method, route.path, answer)
-        if route.worker == LOCAL:
-            if "GET" in route.methods:
-                app.router.add_route("HEAD", route.path, answer)
-            allowed = route.methods + (("HEAD",) if "GET" in route.methods else ())
-            app.router.add_route("*", route.path, method_not_allowed(allowed))
+        app.router.add_route("*", route.path, method_not_allowed(methods))
 
 
 def add_admin_plane(app: web.Application) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import orjson
 import pytest
 
-from token_proxy.ops.admission import ADMISSION, Admission, Overloaded
+from token_proxy.ops.admission import ADMISSION, Admission, Overloaded, samples_of
 from token_proxy.ops.auth import AccessPolicy, Forbidden, Unauthorized
 from token_proxy.routes import route_class
 from token_proxy.simulator import SIM_STATE
@@ -93,6 +93,54 @@ async def test_overloaded_proxy_answers_503_with_retry_after(make_sim, make_prox
     assert (await third.json())["error"]["type"] == "ServiceUnavailableError"
     assert (await first).status == 200 and (await second).status == 200
     assert (await proxy.get("/health")).status == 200  # never queued behind inference
+
+
+def test_a_body_counts_its_samples():
+    bodies = [b'{"prompt": "hi"}', b'{"n": 8}', b'{"sampling_params": {"n": 3}}', b'{"n": 1, "sampling_params": {"n": 5}}',
+              b'{"n": true}', b'{"n": "8"}', b'{"n": 0}', b'not json "n"', b'[{"n": 2}]', b'{"prompt": "\\"n\\""}']
+    assert [samples_of(body) for body in bodies] == [1, 8, 3, 1, 1, 1, 1, 1, 1, 1]
+
+
+async def test_admission_weighs_samples_in_order_and_caps_a_request_at_every_slot():
+    adm = Admission(max_active=4, max_queued=2, queue_timeout_s=5.0)
+    assert (adm.weight_of(64), adm.weight_of(0), adm.weight_of(3)) == (4, 1, 3)
+    await adm.acquire(3)
+    big = asyncio.ensure_future(adm.acquire(2))  # does not fit: queued
+    small = asyncio.ensure_future(adm.acquire(1))  # would fit, but waits behind the queue's head
+    await asyncio.sleep(0)
+    assert (adm.active, adm.queued) == (3, 2)
+    adm.release(3)
+    await asyncio.gather(big, small)
+    assert (adm.active, adm.queued) == (3, 0)
+    adm.release(2)
+    adm.release(1)
+    assert adm.active == 0
+
+
+async def test_one_request_with_n_samples_takes_n_slots(make_sim, make_proxy):
+    """--max-concurrent-requests 4: a request with n = 4 fills the proxy, so the next one queues and the
+    one after is refused (before: n = 4 counted as one request, and both others ran beside it)."""
+    sim = await make_sim(tpot_s=0.05)
+    proxy = await make_proxy(sim, max_concurrent_requests=4, max_queued_requests=1, queue_timeout_s=30.0)
+    admission = proxy.app[ADMISSION]
+    big = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=orjson.dumps(
+        {"messages": USER, "max_tokens": 20, "ignore_eos": True, "n": 4})))
+    small = orjson.dumps({"messages": USER, "max_tokens": 2})
+    deadline = asyncio.get_running_loop().time() + 10
+    while admission.active != 4:
+        assert asyncio.get_running_loop().time() < deadline and not big.done(), admission.active
+        await asyncio.sleep(0.01)
+    queued = asyncio.ensure_future(proxy.post("/v1/chat/completions", data=small))
+    while admission.queued != 1:
+        assert asyncio.get_running_loop().time() < deadline and not queued.done(), admission.queued
+        await asyncio.sleep(0.01)
+    refused = await proxy.post("/v1/chat/completions", data=small)
+    assert (refused.status, refused.headers["Retry-After"]) == (503, "1")
+    assert (await refused.json())["error"]["message"] == (
+        "The proxy is at capacity (4 samples in flight, 1 requests queued) and the queue is full; retry later")
+    first, second = await big, await queued
+    assert (first.status, len((await first.json())["choices"]), second.status) == (200, 4, 200)
+    assert admission.active == 0
 
 
 async def test_api_key_is_required_on_inference_when_configured(make_sim, make_proxy):

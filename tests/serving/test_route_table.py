@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
 from aiohttp import web
@@ -68,9 +70,32 @@ def test_a_worker_forwards_exactly_the_owner_rows():
     add_worker_plane(app)
     forwarded = {(route.method, route.resource.canonical) for route in app.router.routes()
                  if route.handler is forward_to_owner and isinstance(route.resource, web.PlainResource)}
-    assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER and route.served
-                         for method in route.methods}
+    # every OWNER row, SGLang's own listed ones too, for its methods (and HEAD with a served GET); else a 405
+    assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER
+                         for method in route.methods + (("HEAD",) if "GET" in route.methods and route.served else ())}
     assert ("POST", "/update_weights") in forwarded and ("POST", "/v1/completions") not in forwarded
+
+
+WRONG_METHODS = [("POST", "/ping", "GET"), ("DELETE", "/liveness", "GET, HEAD"),
+                 ("PUT", "/health_generate", "GET"), ("POST", "/model_info", "GET, HEAD"),
+                 ("GET", "/update_weights_from_tensor", "POST"), ("GET", "/pause", "POST"),
+                 ("DELETE", "/flush_cache", "GET, POST, HEAD"), ("POST", "/health", "GET, HEAD")]
+
+
+@pytest.mark.parametrize("method,path,allow", WRONG_METHODS)
+async def test_every_row_answers_only_its_methods_open_ones_too(proxy, method, path, allow):
+    """A method a row does not list is a 405 with Allow from the proxy, never a pass-through to SGLang
+    (before: POST /ping or DELETE /liveness reached SGLang with no key, as open ops rows)."""
+    resp = await proxy.request(method, path)
+    assert (resp.status, resp.headers["Allow"]) == (405, allow)
+    assert await resp.json() == {"error": {"message": f"Method {method} is not allowed on {path}; use {allow}",
+                                           "type": "MethodNotAllowedError", "param": None, "code": 405}}
+
+
+async def test_a_rows_own_methods_still_reach_sglang(proxy):
+    for method, path in (("GET", "/ping"), ("GET", "/health_generate"), ("GET", "/liveness"), ("HEAD", "/liveness")):
+        resp = await proxy.request(method, path)
+        assert resp.status == 200, (method, path, await resp.text())
 
 
 def test_openapi_sampling_ranges_are_the_parsers():
@@ -84,6 +109,47 @@ def test_openapi_sampling_ranges_are_the_parsers():
     with pytest.raises(InvalidRequest) as exc:
         parse_sampling({"repetition_penalty": 0}, 100)
     assert exc.value.message == "repetition_penalty: must be > 0, got 0.0"
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+AGREEMENT = [  # path, body, whether the proxy takes it (and so /openapi.json allows it)
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream_options": {}}, False),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True, "stream_options": {}}, True),
+    ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": True}}, False),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 3, "logprobs": False}, False),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 3, "logprobs": True}, True),
+    ("/v1/chat/completions", {**CHAT, "continue_final_message": True}, False),
+    ("/tokenize", {"messages": CHAT["messages"], "continue_final_message": True}, False),
+    ("/v1/chat/completions/render", {**CHAT, "tools": []}, False),
+    ("/tokenize", {"messages": CHAT["messages"], "tools": []}, True),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, False),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "none"}, True),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"99999999": 1}}, False),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"+5": 1}}, False),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"\u0665": 1}}, False),  # an Arabic-Indic 5: int() reads it
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"005": 1.5}}, True),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"regex": "a", "grammar": "root ::= \"a\""}}, False),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"regex": "a", "grammar": None, "choice": []}}, True),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stop_token_ids": False}, False),
+    ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "seed": -(2**63) - 1}},
+     False),
+    ("/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "seed": -(2**63)}}, True),
+    ("/inference/v1/generate", {"token_ids": [1, 2], "stream_options": {"include_usage": 1.5}}, False),
+]
+
+
+async def test_openapi_and_the_parsers_agree_on_each_case(proxy):
+    """Each body: /openapi.json allows it exactly when the proxy takes it (before: schemathesis found the
+    refusals above allowed by the document, and stop_token_ids: false and a seed below int64 taken)."""
+    from jsonschema import Draft202012Validator
+
+    spec = await (await proxy.get("/openapi.json")).json()
+    for path, body, taken in AGREEMENT:
+        schema = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        allowed = Draft202012Validator({**schema, "components": spec["components"]}).is_valid(body)
+        resp = await proxy.post(path, data=json.dumps(body), headers={"Content-Type": "application/json"})
+        await resp.read()
+        assert (allowed, resp.status == 200) == (taken, taken), (path, body, allowed, resp.status)
 
 
 def test_one_id_rule():

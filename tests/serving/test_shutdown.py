@@ -104,3 +104,38 @@ async def test_sigterm_deadline_aborts_what_is_left_in_sglang(servers):
             break
         await asyncio.sleep(0.1)
     assert sim_running(sim) == 0
+
+
+SHUTTING_DOWN = {"error": {"message": "The proxy is shutting down and the request did not finish within "
+                                      "--shutdown-timeout (2 s); send it again (its generation was aborted)",
+                           "type": "ServiceUnavailableError", "param": None, "code": 503}}
+
+
+async def whole(url: str, max_tokens: int) -> tuple[int, dict, dict]:
+    body = {"messages": USER, "max_tokens": max_tokens, "ignore_eos": True}
+    async with aiohttp.ClientSession() as session, session.post(url + "/v1/chat/completions", json=body) as resp:
+        return resp.status, dict(resp.headers), await resp.json(content_type=None)
+
+
+async def test_past_the_deadline_each_request_gets_an_error_it_can_act_on_and_the_exit_is_on_time(servers):
+    """--shutdown-timeout 2 with 6 s requests: a whole reply gets a 503 with Retry-After and OpenAI's error
+    body; a stream, its tokens so far, an error event and [DONE]; the process exits within 2 s + 0.5 s
+    (before: every connection closed with nothing, and the exit took ~5 s)."""
+    sim, proxy_url, proxy = servers(shutdown_timeout=2.0)
+    streams = [asyncio.ensure_future(stream(proxy_url, 300)) for _ in range(3)]  # ~6 s of tokens each
+    wholes = [asyncio.ensure_future(whole(proxy_url, 300)) for _ in range(3)]
+    await until_running(sim, 6)
+    signalled = time.monotonic()
+    proxy.send_signal(signal.SIGTERM)
+    for status, headers, body in await asyncio.gather(*wholes):
+        assert (status, headers["Retry-After"], body) == (503, "1", SHUTTING_DOWN)
+    for raw in await asyncio.gather(*streams):
+        events = raw.split(b"\n\n")
+        assert events[-3:] == [b"data: " + json.dumps(SHUTTING_DOWN, separators=(",", ":")).encode(),
+                               b"data: [DONE]", b""]
+        assert b'"finish_reason":"' not in raw  # no choice finished
+        assert len(events) > 10  # the tokens sent before the deadline came first
+    assert await asyncio.to_thread(proxy.wait, 15) == 0
+    took = time.monotonic() - signalled
+    assert 2.0 <= took < 2.5, took
+    assert sim_running(sim) == 0  # every generation was aborted in SGLang

@@ -350,43 +350,63 @@ async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"token-proxy-{proxy.proc.pid}-*"))  # run dir
 
 
-def test_a_killed_worker_is_started_again_while_the_other_serves(tokenizer_dir, tmp_path):
+def alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_worker_is_started_again_and_joins_the_port_only_once_ready(tokenizer_dir, tmp_path):
+    """Under a loop of requests on fresh connections, a killed worker's successor takes none before it can
+    serve: no reply is a 503 (before: "The proxy is loading the tokenizer ..." or "... not connected to
+    SGLang yet" for each connection the kernel gave it during its start-up), and it serves once ready."""
     port = free_port()
     log = tmp_path / "stderr.log"
     with open(log, "ab") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "token_proxy", "--workers", "2", "--host", "127.0.0.1",
                                  "--port", str(port), "--tokenizer", str(tokenizer_dir), "--log-format", "json"],
                                 stdout=sink, stderr=sink)
+    proxy = Proxy(proc, f"http://127.0.0.1:{port}", log)
 
-    def status() -> int:
+    def reply() -> tuple[int, dict | str]:
         try:
             return asyncio.run(call("POST", f"http://127.0.0.1:{port}/v1/completions",
-                                    json={"prompt": "hi", "max_tokens": 2}))[0]
-        except (aiohttp.ClientError, OSError):
-            return 0
+                                    json={"prompt": "hi", "max_tokens": 2}))
+        except (aiohttp.ClientError, OSError) as exc:
+            return 0, repr(exc)
 
     def worker_one() -> int | None:
         return next((pid for pid, cmd in children(proc.pid).items()
                      if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1"), None)
 
+    def served_by_worker_one_since(lines: int) -> int:
+        return sum(1 for line in proxy.access()[lines:] if line["worker"] == 1 and line["status"] == 200)
+
     try:
         deadline = time.monotonic() + 60
-        while len(children(proc.pid)) < 3 or status() != 200:
+        while len(children(proc.pid)) < 3 or [reply()[0] for _ in range(8)] != [200] * 8:  # both serve
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
         killed = worker_one()
+        before = len(proxy.access())
         os.kill(killed, signal.SIGKILL)
+        while alive(killed):  # until its socket is closed (a connection it held then is reset: that is the kill)
+            time.sleep(0.01)
+        replies = []
         deadline = time.monotonic() + 60
-        while worker_one() in (None, killed):
+        # Until the new worker 1 has served 4 requests: it is listening, and the kernel spreads over both.
+        while served_by_worker_one_since(before) < 4:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
+            replies.append(reply())
         again = worker_one()
-        statuses = [status() for _ in range(8)]  # new connections: both workers take them
-        assert set(statuses) <= {200, 503}, statuses  # 503 (Retry-After): the new one still connecting
-        deadline = time.monotonic() + 60
-        while status() != 200 or status() != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
+        assert again not in (None, killed)
+        assert [(status, body) for status, body in replies if status not in (0, 200)] == []  # no 503 at all
+        # One connection may be reset around the restart (most runs, on a loaded 2-core machine: the new worker
+        # was not accepting it; a retry helps, unlike a 503 that says the proxy cannot serve). Main: 93 of ~250
+        # replies were not 200 (20+ of them the start-up 503s).
+        assert len([body for status, body in replies if status == 0]) <= 1, replies[:3]
+        assert len(replies) >= 8
         errors = [line["message"] for line in map(json.loads, log.read_text().splitlines())
                   if line.get("level") == "error"]
         assert errors == [(f"worker 1 (pid {killed}) exited with status -9: started again as pid {again} "

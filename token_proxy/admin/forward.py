@@ -261,7 +261,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     that would crash SGLang is refused first, in SGLang's own error shape (native_checks.py)."""
     ctx = request.app[CONTEXT]
     client = ctx.client
-    body = await request.read() if request.can_read_body else None
+    body = await request.read() if request.body_exists else None  # read already by admission (inference)
     if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))

@@ -15,6 +15,9 @@ from token_proxy.ids import checked_id
 
 # Integers go to SGLang as JSON; past 64 bits the proxy could not even encode them.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# An integer-valued float (7.0) reads as that integer while it is exact; past 2**53 JSON's reader has
+# rounded it (-2**63 - 1 arrives as -2**63), so it is refused rather than taken as a neighbour.
+EXACT_FLOAT_INT = 2**53
 
 
 def bad(param: str, message: str) -> InvalidRequest:
@@ -35,7 +38,7 @@ def opt_int(body: dict, key: str, default: int | None = None, *, lo: int | None 
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and abs(value) <= EXACT_FLOAT_INT:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(key, f"must be an integer, got {type_name(value)}")

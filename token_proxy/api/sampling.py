@@ -92,8 +92,8 @@ def parse_sampling(body: dict, vocab_size: int, *, logprobs_count: bool = False)
         presence_penalty=_float(body, "presence_penalty"),
         repetition_penalty=_float(body, "repetition_penalty"),
         stop=_parse_stop(body),
-        stop_token_ids=tuple(token_id_list(body.get("stop_token_ids") or [], "stop_token_ids", vocab_size,
-                                           allow_empty=True)),
+        stop_token_ids=tuple(() if body.get("stop_token_ids") is None else token_id_list(
+            body["stop_token_ids"], "stop_token_ids", vocab_size, allow_empty=True)),
         include_stop_str_in_output=opt_bool(body, "include_stop_str_in_output", False),
         ignore_eos=opt_bool(body, "ignore_eos", False),
         seed=_int(body, "seed"),
@@ -148,10 +148,9 @@ def _parse_logit_bias(body: dict, vocab_size: int) -> dict | None:
         return None
     out = {}
     for key, value in bias.items():
-        try:
-            token = int(key)
-        except (TypeError, ValueError):
-            raise bad("logit_bias", f"key {key!r} is not a token id") from None
+        if not (key.isascii() and key.isdigit()):  # as /openapi.json's pattern: no sign, space or other digits
+            raise bad("logit_bias", f"key {key!r} is not a token id")
+        token = int(key)
         if not 0 <= token < vocab_size:
             raise bad("logit_bias", f"token id {token} is out of range [0, {vocab_size})")
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -133,6 +133,28 @@ def _range(key: str) -> dict:
     return _ranged(RANGES[key])
 
 
+def _given(key: str, schema: dict) -> dict:
+    """The body has `key`, matching `schema` (a null one is absent, as the parsers read it)."""
+    return {"required": [key], "properties": {key: schema}}
+
+
+def _implies(condition: dict, consequence: dict) -> dict:
+    """A rule across fields that the parsers check (JSON Schema's if/then)."""
+    return {"if": condition, "then": consequence}
+
+
+def below(n: int) -> str:
+    """A regex for the decimal integers in [0, n) (n >= 1), leading zeros allowed (int() reads them)."""
+    top = str(n - 1)
+    options = ["0"] + [f"[1-9][0-9]{{{k}}}" for k in range(len(top) - 1)]
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 else 0
+        if int(digit) > low:
+            options.append(f"{top[:i]}[{low}-{int(digit) - 1}][0-9]{{{len(top) - i - 1}}}")
+    options.append(top)
+    return "^0*(?:" + "|".join(options) + ")$"
+
+
 BOOL = {"type": "boolean"}
 STR = {"type": "string"}
 OBJ = {"type": "object"}
@@ -143,6 +165,14 @@ REQUEST_ID = {"type": "string", "maxLength": MAX_ID_CHARS, "pattern": "^[^\\x00-
 SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 STREAM_OPTIONS = {"type": "object", "description": "only with stream: true",
                   "properties": {"include_usage": _nullable(BOOL), "continuous_usage_stats": _nullable(BOOL)}}
+# The parsers' rules across fields (api/fields.py, api/sampling.py, api/messages.py, tools/request.py).
+STREAM_OPTIONS_NEED_STREAM = _implies(_given("stream_options", OBJ), _given("stream", {"const": True}))
+TOP_LOGPROBS_NEED_LOGPROBS = _implies(_given("top_logprobs", {"type": "integer", "minimum": 1}),
+                                      _given("logprobs", {"const": True}))
+CONTINUE_NEEDS_NO_GENERATION_PROMPT = _implies(_given("continue_final_message", {"const": True}),
+                                               _given("add_generation_prompt", {"const": False}))
+TOOL_CHOICE_NEEDS_TOOLS = _implies(_given("tool_choice", {"not": {"anyOf": [{"type": "null"}, {"const": "none"}]}}),
+                                   _given("tools", {"type": "array"}))
 
 
 class _Schemas:
@@ -152,6 +182,8 @@ class _Schemas:
         self.limits = limits
         top = None if limits.vocab_size is None else limits.vocab_size - 1
         self.token_id = _int(0, top)
+        # logit_bias's keys: token ids in decimal (ASCII digits), below the vocabulary size once known
+        self.token_key = "^[0-9]+$" if limits.vocab_size is None else below(limits.vocab_size)
         self.max_tokens = _int(RANGES["max_tokens"].lo, limits.max_model_len or INT64_MAX)
         self.model = STR if limits.model is None else {"type": "string", "enum": [limits.model]}
 
@@ -170,7 +202,7 @@ class _Schemas:
                                                "maxItems": MAX_STOP_STRINGS}]},
             "stop_token_ids": self.token_ids(min_items=0), "include_stop_str_in_output": BOOL,
             "ignore_eos": BOOL, "seed": _range("seed"),
-            "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "logit_bias": {"type": "object", "propertyNames": {"pattern": self.token_key},
                            "additionalProperties": {"type": "number"}},
             "skip_special_tokens": BOOL, "spaces_between_special_tokens": BOOL,
             "response_format": self.response_format(), "structured_outputs": self.structured_outputs(),
@@ -189,9 +221,13 @@ class _Schemas:
 
     @staticmethod
     def structured_outputs() -> dict:
+        given = {"not": {"anyOf": [{"type": "null"}, {"const": []}]}}
+        kinds = ("json", "regex", "grammar", "choice")
+        two = [{"required": [a, b], "properties": {a: given, b: given}}
+               for i, a in enumerate(kinds) for b in kinds[i + 1:]]
         return {"type": "object", "description": "one of json, regex, grammar, choice", "properties": {
-            "json": {}, "regex": STR, "grammar": STR,
-            "choice": {"type": "array", "items": STR}}}
+            "json": {}, "regex": _nullable(STR), "grammar": _nullable(STR),
+            "choice": _nullable({"type": "array", "items": STR})}, "not": {"anyOf": two}}
 
     def message(self) -> dict:
         part = {"anyOf": [STR, {"type": "object", "required": ["type", "text"],
@@ -244,13 +280,19 @@ class _Schemas:
     def chat(self, *, tokens: bool = False) -> dict:
         props = {**self.request_fields(), **self.chat_prompt(), **self.chat_tools(), **self.sampling(chat=True),
                  **self.output_fields()}
+        tool = {"type": "object", "required": ["function"], "properties": {
+            "type": {"const": "function"},
+            "function": {"type": "object", "required": ["name"], "properties": {"name": STR}}}}
+        props["tools"] = _nullable({"type": "array", "items": tool, "minItems": 1})  # /tokenize takes []
         required = ["messages"]
         if tokens:  # the prompt is these ids; the messages only give context (tools, template)
             props["tokens"] = self.token_ids()
             required.append("tokens")
         return {"type": "object", "required": required, "properties": props,
+                "allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_LOGPROBS_NEED_LOGPROBS,
+                          CONTINUE_NEEDS_NO_GENERATION_PROMPT, TOOL_CHOICE_NEEDS_TOOLS],
                 "description": "continue_final_message needs add_generation_prompt: false; "
-                               "top_logprobs > 0 needs logprobs: true"}
+                               "top_logprobs > 0 needs logprobs: true; min_tokens <= max_tokens"}
 
     def completion(self) -> dict:
         prompt = {"anyOf": [
@@ -262,7 +304,8 @@ class _Schemas:
         props = {**self.request_fields(), "prompt": prompt, "echo": _nullable(BOOL),
                  "add_special_tokens": _nullable(BOOL), "suffix": {"type": "null"},
                  **self.sampling(chat=False), **self.output_fields()}
-        return {"type": "object", "required": ["prompt"], "properties": props}
+        return {"type": "object", "required": ["prompt"], "properties": props, "allOf": [STREAM_OPTIONS_NEED_STREAM],
+                "description": "min_tokens <= max_tokens"}
 
     def generate(self) -> dict:
         params = {"type": "object", "properties": self.sampling(chat=False)}
@@ -274,7 +317,8 @@ class _Schemas:
     def tokenize(self) -> dict:
         """A chat (`messages`) or plain text (`prompt`)."""
         common = {"model": _nullable(self.model), "return_token_strs": _nullable(BOOL)}
-        chat = {"type": "object", "required": ["messages"], "properties": {**common, **self.chat_prompt()}}
+        chat = {"type": "object", "required": ["messages"], "properties": {**common, **self.chat_prompt()},
+                "allOf": [CONTINUE_NEEDS_NO_GENERATION_PROMPT]}
         plain = {"type": "object", "required": ["prompt"], "properties": {
             **common, "prompt": STR, "add_special_tokens": _nullable(BOOL)}}
         return {"anyOf": [chat, plain]}
@@ -332,7 +376,7 @@ class _Schemas:
                 "parse_context", "stream", "stream_options", "cache_salt", "priority", "kv_transfer_params",
                 "ec_transfer_params"]
         return {"type": "object", "required": keys, "properties": {
-            "request_id": STR, "token_ids": {"type": "array", "minItems": 1, "items": self.token_id},
+            "request_id": STR, "token_ids": {"type": "array", "items": self.token_id},  # a template may render nothing
             "sampling_params": {"type": "object"},
             "output_mode": {"const": "tokens"}, "parse_context": {"type": "object"}}}
 

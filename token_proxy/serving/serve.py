@@ -5,11 +5,13 @@ where it is installed. The CLI runs it for one process; a --workers N worker (wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 
 from token_proxy.role import OWNER, WORKER, Role
@@ -46,10 +48,14 @@ def add_owner_planes(app) -> None:
     add_control_state(app)
 
 
-def serve(settings: Settings, sock: socket.socket, role=None) -> None:
+def serve(settings: Settings, sock: socket.socket, role=None, listen_when_ready: bool = False) -> None:
+    """Serve on `sock` until SIGTERM. A socket that is bound but not listening starts listening when the
+    site starts: at once (answering 503 until SGLang is connected), or with `listen_when_ready` only
+    once SGLang is known and the tokenizer loaded (a restarted --workers process whose siblings serve)."""
     from aiohttp import web
 
     from token_proxy.app import create_app
+    from token_proxy.ops.drain import SERVER_GRACE_S
     from token_proxy.state import CONTEXT, ON_FATAL
 
     # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
@@ -73,13 +79,41 @@ def serve(settings: Settings, sock: socket.socket, role=None) -> None:
                  "(--shutdown-timeout)", worker, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
 
     app.on_shutdown.append(say_shutting_down)
-    log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
-             settings.host, port, worker, settings.backend_url)
-    web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s,
+    if listen_when_ready:
+        app.on_startup.append(until_ready)  # after the cleanup contexts (CONTEXT): run_app listens after it
+        log.info("token-proxy%s: listening on http://%s:%d/v1 once SGLang at %s is connected", worker,
+                 settings.host, port, settings.backend_url)
+    else:
+        log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
+                 settings.host, port, worker, settings.backend_url)
+    # aiohttp's own timeout is a backstop: at --shutdown-timeout each request still running answers an
+    # error (ops/drain.py) and ends.
+    web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s + SERVER_GRACE_S,
                 access_log=None, print=None, loop=new_event_loop())
     if fatal:  # already logged, in one line, where it was found
         logging.shutdown()
         raise SystemExit(2)
+
+
+async def until_ready(app) -> None:
+    """An on_startup hook: returns once the data path can serve. A fatal configuration error meanwhile
+    sends SIGTERM (ON_FATAL), which ends the wait and the process."""
+    from token_proxy.state import CONTEXT
+
+    ready = asyncio.Event()
+    app[CONTEXT].when_ready(lambda _backend: ready.set())
+    await ready.wait()
+
+
+def exit_at_once(status: int) -> None:
+    """The end of a process that has stopped serving and cleaned up: logs flushed, then out without the
+    interpreter's teardown, which frees the tokenizer and the libraries for about a second (it would push
+    the exit that far past --shutdown-timeout)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -2,7 +2,8 @@
 admin owner on a Unix socket, starts N workers on the shared port and stops them (see __init__.py).
 
 A worker that dies (killed, crashed) is started again at once, in its place: its siblings go on
-serving, so only the requests it held are cut (their clients see the connection reset, at once).
+serving, so only the requests it held are cut (their clients see the connection reset, at once). The
+new one joins the port only once it can serve (worker.py), so no client meets its start-up 503s.
 More than RESTARTS_PER_MINUTE deaths in a minute is a crash loop: the proxy stops.
 
 Exit status: 0 after SIGTERM / SIGINT (every worker drained); 2 for a configuration error found
@@ -53,9 +54,11 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
 
     from token_proxy.app import create_app
     from token_proxy.ops.access_log import ACCESS_LOGGER
+    from token_proxy.ops.drain import SERVER_GRACE_S
     from token_proxy.role import OWNER, Role
     from token_proxy.serving.metrics_block import WORKERS
     from token_proxy.serving.serve import add_owner_planes
+    from token_proxy.serving.worker import RESTARTED_ENV
     from token_proxy.state import ON_FATAL
 
     loop = asyncio.get_running_loop()
@@ -77,15 +80,17 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     workers: list = []  # by index; _watch replaces a dead one in place (the metrics block reads their pids)
     app[WORKERS] = workers  # before the app starts: its state is frozen then
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=settings.shutdown_timeout_s)
+                           shutdown_timeout=settings.shutdown_timeout_s + SERVER_GRACE_S)
     await runner.setup()
     await web.UnixSite(runner, str(control)).start()
     env = {**os.environ, MULTIPROC_ENV: str(run_dir / "metrics")}
 
-    async def start(index: int):
+    async def start(index: int, restarted: bool = False):
+        # Started again (its siblings serve): it listens only once it can serve (worker.py).
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "token_proxy.serving.worker", str(run_dir), str(index),
-            env=env, stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            env={**env, RESTARTED_ENV: "1" if restarted else "0"}, stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True)
 
     workers.extend([await start(index) for index in range(settings.api_workers)])
     log.info("token-proxy: %d workers on http://%s:%d/v1 (pids %s), admin plane in pid %d -> %s",
@@ -125,7 +130,7 @@ async def _watch(workers: list, start, stop: asyncio.Event, run_dir: Path) -> in
                               proc.pid, proc.returncode, why)
                     return 2 if proc.returncode == 2 else 1
                 multiprocess.mark_process_dead(proc.pid, str(run_dir / "metrics"))
-                workers[index] = await start(index)
+                workers[index] = await start(index, restarted=True)
                 log.error("worker %d (pid %d) exited with status %s: started again as pid %d (its requests "
                           "in flight were cut)", index, proc.pid, proc.returncode, workers[index].pid)
                 exits[asyncio.ensure_future(workers[index].wait())] = index

@@ -1,6 +1,10 @@
 """One --workers data-plane process: `python -m token_proxy.serving.worker RUN_DIR INDEX`, started by
 the supervisor (supervisor.py) with PROMETHEUS_MULTIPROC_DIR set. It binds host:port with
-SO_REUSEPORT beside its siblings and serves until SIGTERM (then drains, as one process does)."""
+SO_REUSEPORT beside its siblings and serves until SIGTERM (then drains, as one process does).
+
+It listens (joins the kernel's SO_REUSEPORT group) at once; a worker started again after
+a death (RESTARTED_ENV set) only once it can serve (SGLang known, its tokenizer loaded): until then the
+kernel gives every new connection to the siblings, which serve it, instead of a 503 from this one."""
 
 from __future__ import annotations
 
@@ -15,15 +19,16 @@ from pathlib import Path
 from token_proxy.role import WORKER, Role
 
 PR_SET_PDEATHSIG = 1
+RESTARTED_ENV = "TOKEN_PROXY_WORKER_RESTARTED"  # set by the supervisor for a worker started again
 
 
-def listen_reuse_port(host: str, port: int) -> socket.socket:
+def bind_reuse_port(host: str, port: int) -> socket.socket:
+    """Bound, not listening: a socket gets connections only once the server on it listens (serve.py)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(1024)
     sock.set_inheritable(False)
     return sock
 
@@ -44,11 +49,16 @@ def main(argv: list[str] | None = None) -> None:
     _end_with_parent()
     settings = pickle.loads((Path(run_dir) / "settings.pickle").read_bytes())
     from token_proxy.ops.access_log import configure_logging
-    from token_proxy.serving.serve import serve
+    from token_proxy.serving.serve import exit_at_once, serve
 
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))
-    serve(settings, listen_reuse_port(settings.host, settings.port), role=role)
+    sock = bind_reuse_port(settings.host, settings.port)
+    restarted = os.environ.get(RESTARTED_ENV) == "1"
+    if not restarted:  # the first start: the port opens at once and answers 503 until SGLang is connected
+        sock.listen(1024)
+    serve(settings, sock, role=role, listen_when_ready=restarted)
+    exit_at_once(0)
 
 
 if __name__ == "__main__":

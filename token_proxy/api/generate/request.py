@@ -37,12 +37,14 @@ def parse_generate_tokens(body: dict, vocab_size: int) -> GenerateTokensRequest:
         raise bad("output_mode", "only 'tokens' is supported")
     stream = opt_bool(body, "stream", False)
     options = opt_dict(body, "stream_options") or {}
+    include_usage = opt_bool(options, "include_usage", False)  # checked streamed or not, as /openapi.json says
+    opt_bool(options, "continuous_usage_stats")
     return GenerateTokensRequest(
         model=opt_str(body, "model"),
         token_ids=token_id_list(body.get("token_ids"), "token_ids", vocab_size),
         sampling=_nested_sampling(body, vocab_size),
         stream=stream,
-        include_usage=stream and opt_bool(options, "include_usage", False),
+        include_usage=stream and include_usage,
         request_id=opt_request_id(body),
         cache_salt=opt_str(body, "cache_salt"),
         priority=opt_int(body, "priority"),
