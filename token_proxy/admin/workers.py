@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -57,6 +58,9 @@ class AdminPlane(Workers):
     # A client opened SGLang's weight-update session itself (POST /begin_weight_update through the proxy):
     # the proxy's own bracket stands aside until the client's /end_weight_update.
     client_session: bool = False
+    # Run after every weight update or version change through the admin plane (record_version): the
+    # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
+    after_weights: list[Callable[[], None]] = field(default_factory=list)
 
     @contextlib.asynccontextmanager
     async def transaction(self):
@@ -74,9 +78,13 @@ class AdminPlane(Workers):
         self.paused = True
 
     def record_version(self, version: str | None) -> None:
+        """The workers took a weight update (with `version`, or None when it named none): recorded, then
+        the after_weights hooks run."""
         if version is not None and version != self.version:
             self.version = version
             self.history.append((time.monotonic(), version))
+        for hook in self.after_weights:
+            hook()
 
     def publish_step(self, result: StepResult) -> None:
         self.last_step = result

@@ -27,6 +27,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
         stats.mark_sent()
         items = await ctx.client.generate(call.body, lora)
     stats.mark_first_token()
+    stats.note_whole_reply(items)
     outputs = rules.whole(items)
     record(stats, rules)
     return outputs

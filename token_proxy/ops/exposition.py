@@ -1,0 +1,61 @@
+"""GET /metrics: the series table rendered in the format the scraper asks for.
+
+prometheus-client negotiates: `Accept: application/openmetrics-text` gets OpenMetrics, anything else
+Prometheus' text format 0.0.4 (exposition.choose_encoder), and `Accept-Encoding: gzip` a gzipped body
+(exposition.gzip_accepted). With --workers N the owner's block (serving/metrics_block.py, text 0.0.4)
+is appended as is to a text page; for OpenMetrics it is parsed and rendered with the rest, so the page
+has one `# EOF`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+
+from aiohttp import web
+from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
+from prometheus_client.parser import text_string_to_metric_families
+
+from token_proxy.ops.metrics import METRICS
+
+# A --workers process: more exposition text for /metrics (token_proxy/serving/metrics_block.py).
+EXTRA_METRICS = web.AppKey("extra_metrics", object)
+
+
+class _WithBlock:
+    """A registry's families, then those of another process's text block."""
+
+    def __init__(self, registry, block: bytes):
+        self.registry, self.block = registry, block
+
+    def collect(self):
+        yield from self.registry.collect()
+        yield from text_string_to_metric_families(self.block.decode())
+
+
+def render(registry, accept: str, accept_encoding: str, block: bytes = b"") -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one scrape (pure: the registry and the request's Accept headers)."""
+    encoder, content_type = choose_encoder(accept)
+    if not block:
+        body = encoder(registry)
+    elif encoder is generate_latest:  # text 0.0.4: the block's lines simply follow
+        body = encoder(registry) + block
+    else:
+        body = encoder(_WithBlock(registry, block))
+    headers = {"Content-Type": content_type}
+    if gzip_accepted(accept_encoding):
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """GET /metrics. Rendering runs in a thread: a big registry takes a millisecond or more, which the
+    event loop should not pay."""
+    metrics = request.app[METRICS]
+    extra = request.app.get(EXTRA_METRICS)
+    block = await extra(request.app) if extra is not None else b""  # a --workers process: the owner's block
+    accept, encoding = request.headers.get("Accept", ""), request.headers.get("Accept-Encoding", "")
+    body, headers = await asyncio.get_running_loop().run_in_executor(
+        None, lambda: render(metrics.scrape_registry(), accept, encoding, block))
+    return web.Response(body=body, headers=headers)
