@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+from functools import partial
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder, generate_latest, gzip_accepted
+from prometheus_client.openmetrics.exposition import ALLOWUTF8, UNDERSCORES
 from prometheus_client.parser import text_string_to_metric_families
 
 from token_proxy.ops.metrics import METRICS
@@ -36,6 +38,12 @@ class _WithBlock:
 def render(registry, accept: str, accept_encoding: str, block: bytes = b"") -> tuple[bytes, dict[str, str]]:
     """The body and headers of one scrape (pure: the registry and the request's Accept headers)."""
     encoder, content_type = choose_encoder(accept)
+    if isinstance(encoder, partial) and encoder.keywords.get("escaping") == UNDERSCORES:
+        # prometheus-client 0.26 escapes sample names by the label-name rule under "underscores" (the
+        # default: Prometheus 2 asks for no escaping): vllm:x_total became vllm_x_total under a
+        # `# TYPE vllm:x` line. Every name here is a valid legacy metric name, which that escaping leaves
+        # as is; allow-utf-8 writes exactly that.
+        encoder = partial(encoder.func, **{**encoder.keywords, "escaping": ALLOWUTF8})
     if not block:
         body = encoder(registry)
     elif encoder is generate_latest:  # text 0.0.4: the block's lines simply follow
