@@ -13,7 +13,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from token_proxy.ops.exposition import render
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-OWNER_BLOCK = (b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+OWNER_BLOCK = (b"# HELP token_proxy_backend_metrics_scrape_failures_total Reads that failed\n"
+               b"# TYPE token_proxy_backend_metrics_scrape_failures_total counter\n"
+               b"token_proxy_backend_metrics_scrape_failures_total 4.0\n"
+               b"# HELP token_proxy_backend_metrics_scrape_failures_created Reads that failed\n"
+               b"# TYPE token_proxy_backend_metrics_scrape_failures_created gauge\n"
+               b"token_proxy_backend_metrics_scrape_failures_created 1.7e+09\n"
+               b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
                b"# TYPE vllm:num_requests_running gauge\n"
                b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n')
 
@@ -83,3 +89,6 @@ def test_the_owner_block_joins_an_openmetrics_page_before_its_one_eof():
     assert text.count("# EOF") == 1 and text.endswith("# EOF\n")
     values = {s.name: s.value for f in openmetrics_families(text) for s in f.samples}
     assert (values["token_proxy_requests_total"], values["vllm:num_requests_running"]) == (2.0, 3.0)
+    # the owner's counter keeps its _created inside its family (text 0.0.4 wrote it as a gauge of its own)
+    assert (values["token_proxy_backend_metrics_scrape_failures_total"],
+            values["token_proxy_backend_metrics_scrape_failures_created"]) == (4.0, 1.7e9)

@@ -25,14 +25,22 @@ EXTRA_METRICS = web.AppKey("extra_metrics", object)
 
 
 class _WithBlock:
-    """A registry's families, then those of another process's text block."""
+    """A registry's families, then those of another process's text block. Text 0.0.4 writes a counter's
+    or histogram's `_created` samples as a gauge family of their own; OpenMetrics wants them inside
+    the family, so they are put back there."""
 
     def __init__(self, registry, block: bytes):
         self.registry, self.block = registry, block
 
     def collect(self):
         yield from self.registry.collect()
-        yield from text_string_to_metric_families(self.block.decode())
+        families = {family.name: family for family in text_string_to_metric_families(self.block.decode())}
+        for name, family in list(families.items()):
+            stem = families.get(name.removesuffix("_created")) if name.endswith("_created") else None
+            if stem is not None and stem is not family and family.type == "gauge":
+                stem.samples.extend(family.samples)
+                del families[name]
+        yield from families.values()
 
 
 def render(registry, accept: str, accept_encoding: str, block: bytes = b"") -> tuple[bytes, dict[str, str]]:
