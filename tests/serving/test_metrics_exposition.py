@@ -92,3 +92,9 @@ def test_the_owner_block_joins_an_openmetrics_page_before_its_one_eof():
     # the owner's counter keeps its _created inside its family (text 0.0.4 wrote it as a gauge of its own)
     assert (values["token_proxy_backend_metrics_scrape_failures_total"],
             values["token_proxy_backend_metrics_scrape_failures_created"]) == (4.0, 1.7e9)
+
+
+async def test_no_created_samples_unless_the_operator_asks(proxy):
+    text = await (await proxy.get("/metrics")).text()
+    assert [line for line in text.splitlines() if "_created" in line] == []
+    assert "token_proxy_requests_total{" in text

@@ -6,10 +6,12 @@ the weight-version hooks on the app."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from functools import partial
 
 from aiohttp import web
+from prometheus_client import disable_created_metrics
 
 from token_proxy.http_io import ADMIN, INFERENCE, route_kind, routes_where
 from token_proxy.ops.access_log import log_request
@@ -19,6 +21,8 @@ from token_proxy.ops.metrics_mirror import mirror_collectors
 from token_proxy.pipeline.request_state import add_request_id_header, stats_of
 from token_proxy.role import ROLE
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR, SETTINGS
+
+CREATED_SWITCH = "PROMETHEUS_DISABLE_CREATED_SERIES"  # prometheus-client's own, read once at its import
 
 
 def endpoint_of(request: web.Request) -> str:
@@ -72,6 +76,8 @@ def add_observability(app: web.Application) -> None:
     """Metrics registry, X-Request-Id on every response, and the backend scrape (append after the
     proxy context: it uses its SGLang client). The middleware goes first in create_app's list."""
     settings = app[SETTINGS]
+    if CREATED_SWITCH not in os.environ:  # the operator's choice, else none (ops/metrics.py says why)
+        disable_created_metrics()
     multiproc = app[ROLE].multiprocess if ROLE in app else False
     metrics = app[METRICS] = ProxyMetrics(stale_after_s=settings.backend_metrics_stale_s, multiprocess=multiproc)
     app[REGISTER_COLLECTOR] = metrics.registry.register
