@@ -14,8 +14,9 @@ from token_proxy.ops.access_log import adopt_library_loggers
 from token_proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.ops.auth import ACCESS, AccessPolicy, access_control
 from token_proxy.ops.drain import add_drain, drain_deadline
-from token_proxy.ops.metrics import METRICS, add_observability, observe_requests
+from token_proxy.ops.metrics import METRICS
 from token_proxy.ops.middleware import openai_errors
+from token_proxy.ops.observe import add_observability, observe_requests
 from token_proxy.role import OWNER, ROLE, Role
 from token_proxy.routes import add_routes
 from token_proxy.settings import Settings

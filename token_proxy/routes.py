@@ -37,7 +37,7 @@ from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, j
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
-from token_proxy.ops.metrics import metrics_endpoint
+from token_proxy.ops.exposition import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
 from token_proxy.sglang.pause import PRIME_RL, VLLM
 from token_proxy.state import CONTEXT

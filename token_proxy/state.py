@@ -113,5 +113,5 @@ class ProxyContext:
 SETTINGS = web.AppKey("settings", Settings)
 CONTEXT = web.AppKey("context", ProxyContext)
 # register(collector): puts a prometheus collector of a module below ops/ (sessions, LoRA adapters: their own
-# counters, read at scrape time) on /metrics. ops/metrics.py sets it; absent, nothing is registered.
+# counters, read at scrape time) on /metrics. ops/observe.py sets it; absent, nothing is registered.
 REGISTER_COLLECTOR = web.AppKey("register_collector", Callable)

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from token_proxy.admin.workers import ADMIN
 from token_proxy.ops.metrics import METRICS, UNMATCHED
 from token_proxy.pipeline.request_state import stats_of
 from token_proxy.simulator import SIM_STATE
@@ -193,6 +194,7 @@ async def test_weight_updates_count_time_and_follow_the_version(sim, make_app_cl
         if not body["ok"]:
             return web.json_response({"success": False, "message": "bad path"}, status=400)
         state.weight_version = body["version"]
+        request.app[ADMIN].record_version(None)  # as every admin route that updates weights does
         return web.json_response({"success": True, "message": ""})
 
     # The fake route changes versions behind the admin plane's back: its fence and stale-reply check

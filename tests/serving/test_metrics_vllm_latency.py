@@ -42,7 +42,8 @@ async def test_vllm_latency_series_have_vllms_names_buckets_and_labels(make_sim,
     proxy = await make_proxy(await make_sim(tpot_s=0.02))  # tokens 20 ms apart: one event batch each
     fams = await families(proxy)
     assert (fams["vllm:time_to_first_token_seconds"].type, buckets(fams["vllm:time_to_first_token_seconds"])) \
-        == ("histogram", [])  # no child before the first request: vLLM's histograms are per engine too
+        == ("histogram", TTFT)  # at 0 from start-up, as vLLM's
+    assert count(fams["vllm:time_to_first_token_seconds"], **LABELS) == 0.0
     success = fams["vllm:request_success"]
     assert success.type == "counter"
     assert samples(success, "_total") == {
@@ -65,8 +66,9 @@ async def test_vllm_latency_series_have_vllms_names_buckets_and_labels(make_sim,
     assert samples(fams["vllm:request_success"], "_total")[frozenset({**LABELS, "finished_reason": "length"}.items())] \
         == 2.0
     assert count(fams["vllm:e2e_request_latency_seconds"], **LABELS) == 2.0
-    assert count(fams["vllm:time_to_first_token_seconds"], **LABELS) == 1.0  # the stream only
-    assert count(fams["vllm:request_time_per_output_token_seconds"], **LABELS) == 1.0
+    # both: the whole reply's from SGLang's meta_info timestamps (issue 31)
+    assert count(fams["vllm:time_to_first_token_seconds"], **LABELS) == 2.0
+    assert count(fams["vllm:request_time_per_output_token_seconds"], **LABELS) == 2.0
     # one gap per SGLang event batch after the first (6 tokens, 20 ms apart: 5 gaps, in [0.01, 0.05])
     itl = fams["vllm:inter_token_latency_seconds"]
     assert count(itl, **LABELS) == 5.0

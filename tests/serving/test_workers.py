@@ -178,6 +178,26 @@ async def test_requests_spread_over_both_workers_and_metrics_count_each_once(pro
         assert float(samples['token_proxy_backend_metrics_up']) == 1.0
 
 
+async def test_metrics_negotiate_openmetrics_and_gzip_with_the_owners_block(proxy):
+    """Issue 31: a worker's page (its merged files plus the owner's text block) in OpenMetrics, gzipped."""
+    import gzip
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    headers = {"Accept": "application/openmetrics-text; version=1.0.0", "Accept-Encoding": "gzip"}
+    for _ in range(4):  # whichever worker answers
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), auto_decompress=False) \
+                as session, session.get(proxy.url + "/metrics", headers=headers) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+            assert resp.headers["Content-Encoding"] == "gzip"
+            text = gzip.decompress(await resp.read()).decode()
+        assert text.count("# EOF") == 1 and text.endswith("# EOF\n")
+        names = {family.name for family in text_string_to_metric_families(text)}
+        assert {"token_proxy_requests", "vllm:request_success", "vllm:request_prompt_tokens",  # the workers'
+                "vllm:num_requests_running", "token_proxy_backend_metrics_up"} <= names  # the owner's block
+
+
 async def test_session_metrics_are_one_total_across_workers(proxy):
     """The session store is per worker (a turn on another worker falls back to a full render); its
     collector's counters are mirrored into the multiprocess files, so /metrics sums them."""

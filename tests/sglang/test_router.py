@@ -153,7 +153,7 @@ async def test_streams_through_the_router_are_whole_on_every_endpoint(make_route
 
 
 async def test_the_scrape_reads_the_workers_metrics_not_the_routers(make_router, make_proxy, caplog):
-    caplog.set_level(logging.INFO, logger="token_proxy.ops.metrics")
+    caplog.set_level(logging.INFO, logger="token_proxy.ops.backend_scrape")
     url, sims, _ = await make_router(WORKER_0517, WORKER_0517)
     set_sglang_metrics(sims[0].app[SIM_STATE], num_running_reqs=3)
     set_sglang_metrics(sims[1].app[SIM_STATE], num_running_reqs=4)

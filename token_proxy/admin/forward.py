@@ -17,7 +17,7 @@ from token_proxy.admin import native_checks as native
 from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.admin.workers import ADMIN, AdminPlane, StepResult
 from token_proxy.errors import InvalidRequest, NotFound
-from token_proxy.http_io import parse_json_object
+from token_proxy.http_io import parse_json_object, route_of
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT
 
@@ -277,6 +277,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         async for chunk in upstream.content.iter_any():
             await response.write(chunk)
         await response.write_eof()
+        row = route_of(request.app, request.path)
+        if row is not None and row.weight_update and upstream.status < 300 and ADMIN in request.app:
+            request.app[ADMIN].record_version(None)  # /update_weights_from_tensor: its after-hooks run
         return response
 
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -120,6 +121,9 @@ class AdminPlane(Workers):
             return
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
+    # Run after every weight update or version change through the admin plane (record_version): the
+    # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
+    after_weights: list[Callable[[], None]] = field(default_factory=list)
 
     @contextlib.asynccontextmanager
     async def transaction(self):
@@ -137,10 +141,14 @@ class AdminPlane(Workers):
         self.paused = True
 
     def record_version(self, version: str | None) -> None:
+        """The workers took a weight update (with `version`, or None when it named none): recorded, then
+        the after_weights hooks run."""
         if version is not None and version != self.version:
             self.version = version
             self.history.append((time.monotonic(), version))
             self.note_change()
+        for hook in self.after_weights:
+            hook()
 
     def publish_step(self, result: StepResult) -> None:
         self.last_step = result

@@ -2,7 +2,7 @@
 (prime-rl's adaptive concurrency reads vllm:num_requests_running, vllm:num_requests_waiting,
 vllm:kv_cache_usage_perc and vllm:num_preemptions).
 
-The proxy reads SGLang's /metrics every few seconds (metrics.py runs the loop). When no read has
+The proxy reads SGLang's /metrics every few seconds (backend_scrape.py runs the loop). When no read has
 succeeded for `stale_after_s`, the vllm: series are withdrawn from the exposition instead of being
 left frozen at their last values, and token_proxy_backend_metrics_stale says so.
 """

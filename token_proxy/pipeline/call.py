@@ -36,6 +36,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
             items = await resend_stale(items, since, once, reply_versions, fleet, ctx.settings.stale_reply_tries,
                                        _nothing, stats.count_stale_reply)
     stats.mark_first_token()
+    stats.note_whole_reply(items)
     outputs = rules.whole(items)
     record(stats, rules)
     return outputs

@@ -54,6 +54,10 @@ class RequestStats:
     stream_error_status: int | None = None
     seed_unhonoured: bool = False  # the request's seed went to an SGLang that ignores it
     stale_replies: int = 0  # replies on weights the fleet does not serve, sent again (fleet_versions.py)
+    # A whole reply's times by SGLang's clock (meta_info), for vLLM's first-token and per-token series:
+    # request_received_ts -> prefill_finished_time, and prefill_finished_time -> request_finished_ts.
+    backend_first_token_s: float | None = None
+    backend_decode_s: float | None = None
 
     def mark_sent(self) -> None:
         if self.sent_at is None:
@@ -65,6 +69,21 @@ class RequestStats:
 
     def count_stale_reply(self) -> None:
         self.stale_replies += 1
+
+    def note_whole_reply(self, items: list) -> None:
+        """SGLang's meta_info timestamps of a non-streamed reply (one item per choice; the first to
+        finish prefill, the last to finish decoding). Left None when SGLang sends none."""
+        firsts, decodes = [], []
+        for item in items:
+            meta = item.get("meta_info") if isinstance(item, dict) else None
+            received, prefilled, finished = (meta.get(key) if isinstance(meta, dict) else None for key in
+                                             ("request_received_ts", "prefill_finished_time", "request_finished_ts"))
+            if isinstance(received, (int, float)) and isinstance(prefilled, (int, float)) and prefilled >= received:
+                firsts.append(prefilled - received)
+                if isinstance(finished, (int, float)) and finished >= prefilled:
+                    decodes.append(finished - prefilled)
+        self.backend_first_token_s = min(firsts) if firsts else None
+        self.backend_decode_s = max(decodes) if decodes else None
 
     def mark_client_gone(self) -> None:
         self.client_disconnected = True

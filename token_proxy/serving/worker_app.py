@@ -16,7 +16,7 @@ from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
-from token_proxy.ops.metrics import EXTRA_METRICS
+from token_proxy.ops.exposition import EXTRA_METRICS
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.role import ROLE
 from token_proxy.routes import OWNER, ROUTES, add_rows
