@@ -208,12 +208,14 @@ def check_reply(reply: dict, body: dict) -> None:
 async def test_the_curl_example_gives_the_documented_reply(make_sim, make_proxy):
     argv, url, body = curl_example()
     assert argv[0] == "curl" and urlsplit(url).port == 8000  # the proxy's default port
+    assert body["temperature"] == 0  # greedy, so the documented finish and counts are the ones every run gets
     sim = await make_sim(served_model_name=body["model"])
     proxy = await make_proxy(sim)
     headers = dict(h.split(": ", 1) for h in (argv[i + 1] for i, a in enumerate(argv) if a == "-H"))
     response = await proxy.post(urlsplit(url).path, data=argv[argv.index("-d") + 1], headers=headers)
     assert response.status == 200, await response.text()
-    check_reply(await response.json(), body)
+    reply = await response.json()
+    check_reply(reply, body)
     if shutil.which("curl"):  # the README's own command, at this proxy's port
         live = str(proxy.make_url(urlsplit(url).path))
         process = await asyncio.create_subprocess_exec(
@@ -221,6 +223,7 @@ async def test_the_curl_example_gives_the_documented_reply(make_sim, make_proxy)
         out, _ = await asyncio.wait_for(process.communicate(), 30)
         assert process.returncode == 0
         check_reply(json.loads(out), body)
+        assert json.loads(out)["choices"][0]["token_ids"] == reply["choices"][0]["token_ids"]  # greedy: the same
 
 
 async def test_the_skyrl_limits_the_quick_start_names(proxy):
