@@ -12,7 +12,7 @@ process's CPU time from /proc/PID/stat over the cell, divided by its requests), 
 SMG needs its own venv (the proxy's venv is untouched):
 
     python3 -m venv /tmp/venv-smg && /tmp/venv-smg/bin/pip install 'smg==1.13.*' smg-grpc-proto grpcio-tools
-    python bench/bench_vs_smg.py [--smg-python /tmp/venv-smg/bin/python] [--rounds 8] [--n1 100] [--n64 400]
+    python bench/bench_vs_smg.py [--smg-python /tmp/venv-smg/bin/python] [--rounds 8] [--n1 80] [--n64 300]
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start  # noqa: E402
-from cpu_groups import descendants  # noqa: E402
+from bench_proxy import free_port, start
+from cpu_groups import descendants
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT_TOKENS = 16
@@ -186,8 +186,8 @@ def main() -> None:
     parser.add_argument("--smg-python", default="/tmp/venv-smg/bin/python",
                         help="a Python with smg 1.13, smg-grpc-proto and grpcio-tools")
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--n1", type=int, default=100, help="requests at c=1 per cell")
-    parser.add_argument("--n64", type=int, default=400, help="requests at c=64 per cell")
+    parser.add_argument("--n1", type=int, default=80, help="requests at c=1 per cell")
+    parser.add_argument("--n64", type=int, default=300, help="requests at c=64 per cell")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -278,7 +278,7 @@ def smg_version(smg_bin: str) -> str:
     import subprocess
 
     try:
-        return subprocess.run([smg_bin, "--version"], capture_output=True, text=True, timeout=30).stdout.split()[-1]
+        return subprocess.run([smg_bin, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout.split()[-1]
     except (OSError, IndexError, subprocess.SubprocessError):
         return "?"
 

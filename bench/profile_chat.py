@@ -25,12 +25,12 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start  # noqa: E402
-from bench_vs_smg import OUT_TOKENS, chat_messages  # noqa: E402
+from bench_proxy import free_port, start
+from bench_vs_smg import OUT_TOKENS, chat_messages
 
 # (stage, (file suffix, function name)): cumulative time of the first match per request.
 STAGES = (
-    ("body read + JSON decode", ("token_proxy/http_io.py", None)),
+    ("http_io.py (body read + JSON decode, route lookups, headers)", ("token_proxy/http_io.py", None)),
     ("parse: parse_chat_request (field readers, messages, tools)", ("api/chat/request.py", "parse_chat_request")),
     ("  of which parse_sampling (api/sampling.py)", ("api/sampling.py", "parse_sampling")),
     ("  of which parse_chat_prompt (api/messages.py)", ("api/messages.py", "parse_chat_prompt")),
@@ -58,6 +58,7 @@ def stage_times(stats: pstats.Stats, n: int) -> list[tuple[str, float, int]]:
 def direct_stages(tokenizer_dir: str, n: int) -> list[tuple[str, float]]:
     """The same stages called directly (no profiler, no server), each over n unique bodies: CPU per call."""
     from transformers import AutoTokenizer
+    from transformers.utils.chat_template_utils import _compile_jinja_template
 
     from token_proxy.api.chat.request import ChatFeatures, ToolFlags, parse_chat_request
     from token_proxy.http_io import parse_json_object
@@ -71,12 +72,19 @@ def direct_stages(tokenizer_dir: str, n: int) -> list[tuple[str, float]]:
     bodies = [parse_json_object(raw) for raw in raws]
     reqs = [parse_chat_request(body, vocab, flags) for body in bodies]
     texts = [render_chat_text(tok, req.prompt) for req in reqs]
+    template = _compile_jinja_template(tok.chat_template)
+    specials = dict(tok.special_tokens_map)
+    if template.render(messages=reqs[0].prompt.messages, add_generation_prompt=True, tools=None, documents=None,
+                       **specials) != texts[0]:
+        raise SystemExit("the bare template renders differently from apply_chat_template")
     steps = (
         ("body JSON decode (orjson)", lambda i: parse_json_object(raws[i])),
         ("parse_chat_request", lambda i: parse_chat_request(bodies[i], vocab, flags)),
         ("ChatFeatures.for_request (plain chat: None)", lambda i: ChatFeatures.for_request(reqs[i], bodies[i], {},
                                                                                           flags)),
         ("render_chat_text (apply_chat_template)", lambda i: render_chat_text(tok, reqs[i].prompt)),
+        ("  of which the compiled Jinja2 template alone", lambda i: template.render(
+            messages=reqs[i].prompt.messages, add_generation_prompt=True, tools=None, documents=None, **specials)),
         ("encode (encode_batch_fast)", lambda i: encode(texts[i], False)),
     )
     rows = []
