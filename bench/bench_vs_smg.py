@@ -172,9 +172,9 @@ def table(cells: dict, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def smg_tokenizer_dir(source: str) -> str:
+def smg_tokenizer_dir(source: str, parent: str | None = None) -> str:
     """A copy of the tokenizer folder with a config.json beside it, for SMG and the stand-in."""
-    out = os.path.join(tempfile.mkdtemp(prefix="smg-tokenizer-"), "qwen2")
+    out = os.path.join(parent or tempfile.mkdtemp(prefix="smg-tokenizer-"), "qwen2")
     shutil.copytree(source, out)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(MODEL_CONFIG, f)
