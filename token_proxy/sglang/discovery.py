@@ -39,6 +39,7 @@ from token_proxy.tokenization.loader import (
     describe_tokenizer,
     load_tokenizer,
     tokenizer_dir_problem,
+    unseen_path_problem,
 )
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
@@ -308,7 +309,8 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
     """Discover SGLang, load the tokenizer it names, and set both on the connection."""
     picture = await discover(conn.client, conn.settings)
     tokenizer_path = picture.agreed.tokenizer_path
-    problem = tokenizer_dir_problem(tokenizer_path)
+    problem = tokenizer_dir_problem(tokenizer_path) or (
+        None if conn.settings.tokenizer else unseen_path_problem(tokenizer_path))
     if problem:
         raise TokenizerLoadError(problem)
     conn.loading_tokenizer = tokenizer_path
