@@ -4,12 +4,13 @@ shutdown with an HTTPVLLMWeightSyncClient-like client), SGLang's wire protocol, 
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 
 import pytest
 
 from tests.support.admin_fixtures import free_port, proxy_url, sim_process
-from token_proxy.broadcast import vllm_engine
+from token_proxy.broadcast import BroadcastError, nccl_env, vllm_engine
 from token_proxy.broadcast.vllm_engine import SGLangTrainerWeightTransferEngine
 
 
@@ -37,6 +38,7 @@ class Recorder:
 
 
 def test_vllm_call_shape_maps_onto_the_broadcaster(monkeypatch):
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
     made = []
     monkeypatch.setattr(vllm_engine, "SGLangBroadcaster", lambda **kw: made.append(Recorder(**kw)) or made[-1])
     info = {"master_address": "10.0.0.1", "master_port": 29500, "world_size": 9, "rank": 0, "packed": True}
@@ -49,9 +51,43 @@ def test_vllm_call_shape_maps_onto_the_broadcaster(monkeypatch):
     engine.shutdown()
     assert made[0].calls == [("init", True), ("update", ["model.norm.weight", "lm_head.weight"], "step-3"),
                              ("close",)]
+    assert os.environ["NCCL_CUMEM_ENABLE"] == "0"  # set before the broadcaster existed: see the next test
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_sets_sglangs_nccl_setting_before_anything_joins(monkeypatch, rank):
+    """Rank 0's group with SGLang and the trainer's own communicators must all agree with SGLang's
+    NCCL_CUMEM_ENABLE=0, so every rank sets it, before rank 0's broadcaster is even built."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    seen = []
+    monkeypatch.setattr(vllm_engine, "SGLangBroadcaster",
+                        lambda **kw: seen.append(os.environ.get("NCCL_CUMEM_ENABLE")) or Recorder(**kw))
+    engine = SGLangTrainerWeightTransferEngine.trainer_init(
+        {"master_address": "h", "master_port": 1, "world_size": 2, "rank": rank}, client="http://x", source=[])
+    assert engine.is_sender == (rank == 0)
+    assert seen == (["0"] if rank == 0 else [])
+    assert os.environ["NCCL_CUMEM_ENABLE"] == "0"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_nccl_already_in_use_without_the_setting_fails_on_every_rank_in_one_line(monkeypatch, rank):
+    """On CPU: the trainer's own NCCL world (torch.distributed's default group) is simulated by a
+    monkeypatched detector; CPU torch has no NCCL."""
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    monkeypatch.setattr(nccl_env, "nccl_groups", lambda: ["default"])
+    monkeypatch.setattr(vllm_engine, "SGLangBroadcaster", lambda **kw: pytest.fail("joined anyway"))
+    with pytest.raises(BroadcastError) as too_late:
+        SGLangTrainerWeightTransferEngine.trainer_init(
+            {"master_address": "h", "master_port": 1, "world_size": 2, "rank": rank}, client="http://x", source=[])
+    assert str(too_late.value) == (
+        "NCCL is already in use in this process (torch.distributed group(s) default on nccl) without "
+        "NCCL_CUMEM_ENABLE=0, which SGLang needs and NCCL reads only once: start the trainer with "
+        "NCCL_CUMEM_ENABLE=0 in its environment (as SGLang runs), e.g. `NCCL_CUMEM_ENABLE=0 torchrun ...`")
+    assert "NCCL_CUMEM_ENABLE" not in os.environ
 
 
 def test_other_ranks_only_iterate_their_source(monkeypatch):
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
     monkeypatch.setattr(vllm_engine, "SGLangBroadcaster", lambda **kw: pytest.fail("rank 1 opened an endpoint"))
     seen = []
 

@@ -407,11 +407,15 @@ async def test_a_failed_nccl_receive_is_the_fleets_error_body_not_a_500(fleet2, 
     proxy, sims = fleet2
     await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
     sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
-    body = await post(proxy, "/update_weights", 400, json={"update_info": META})
+    body = await post(proxy, "/update_weights", 503, json={"update_info": META})  # one worker: retryable
     assert (body["outcome"], body["weight_version"]) == ("rolled_back", "default")
-    assert body["error"]["type"] == "AdminCallFailed" and body["error"]["code"] == 400
-    assert [(w["url"], w["success"]) for w in body["workers"]] == [(url_of(sims[0]), True), (url_of(sims[1]), False)]
-    sims[0].app[RL_SIM].faults.append({"kind": "fail"})
+    assert body["error"]["type"] == "AdminCallFailed" and body["error"]["code"] == 503
+    assert body["workers"][1] == {"url": url_of(sims[1]), "success": False, "status": 400,
+                                  "message": "Failed to receive.", "weight_version": "default"}
+    assert not any(s.app[WEIGHTS].groups for s in sims)  # destroyed: the same name joins again
+    await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
+    for sim in sims:  # every worker refuses the push itself: retrying it will not help (400)
+        sim.app[RL_SIM].faults.append({"kind": "fail"})
     rpc = await post(proxy, "/collective_rpc", 400, json={"method": "update_weights_nccl",
                                                           "kwargs": {"update_info": META}})
     assert rpc["outcome"] == "rolled_back"
@@ -422,11 +426,12 @@ async def test_finish_after_a_failed_receive_is_refused_until_the_weights_arrive
     proxy.app[ADMIN].loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
     await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
     sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
-    assert (await post(proxy, "/update_weights", 400, json={"update_info": META}))["outcome"] == "held_paused"
+    assert (await post(proxy, "/update_weights", 503, json={"update_info": META}))["outcome"] == "held_paused"
     refused = await post(proxy, "/finish_weight_update", 409, json={"weight_version": "v1"})
     assert refused["error"]["message"].startswith("finish_weight_update: the workers are held paused after a failed")
     assert [state(s).weight_version for s in sims] == ["default", "default"]  # no version set on a lie
     assert (await post(proxy, "/resume", 409))["error"]["type"] == "ConflictError"
+    await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})  # the group was destroyed
     assert await post(proxy, "/update_weights", json={"update_info": META}) == {"message": "Weights updated"}
     assert await post(proxy, "/finish_weight_update", json={"weight_version": "v1"}) == {
         "message": "Weight update finished"}

@@ -154,6 +154,8 @@ async def test_a_refused_push_still_closes_the_session_and_the_next_one_lands(ma
     failed = await proxy.post("/update_weights", json={"update_info": VLLM_META})
     assert failed.status == 400 and "peer gone" in (await failed.json())["error"]["message"]
     assert weights(sim).session is None and weights(sim).session_log == bracket(version, 1)
+    assert weights(sim).groups == {}  # the failed push's group is destroyed: the same name joins again
+    await proxy.post("/init_weight_transfer_engine", json={"init_info": VLLM_INIT})
     native = await proxy.post("/update_weights_from_distributed", json={**NORM, "group_name": "weight_update_group"})
     assert (await reply(native))[0] == 200
     assert weights(sim).session_log == bracket(version, 2) and weights(sim).session is None
@@ -171,7 +173,9 @@ async def test_a_timed_out_push_is_closed_once_sglang_finishes_it(make_sim, make
     # The proxy's end queued behind the late update (SGLang takes them in order) and closed the session.
     await until(lambda: weights(sim).session_log == ["begin", "end"])
     assert weights(sim).session is None
-    # A new push opens a fresh session (a second begin on an open one would be refused).
+    # A new join (the failed push's group was destroyed) and push open a fresh session (a second begin on an
+    # open one would be refused).
+    assert (await proxy.post("/init_weights_update_group", json=VLLM_INIT)).status == 200
     assert (await proxy.post("/update_weights_from_distributed", json=HEAD)).status == 200
     assert weights(sim).session_log == ["begin", "end", "begin", "end"]
 
@@ -185,7 +189,8 @@ async def test_a_session_someone_else_left_open_refuses_the_push_and_stays_their
     async with aiohttp.ClientSession(str(sim.make_url(""))) as direct:  # straight to SGLang, not the proxy
         assert (await direct.post("/begin_weight_update", json={})).status == 200
     refused = await proxy.post("/update_weights_from_distributed", json=NORM)
-    assert await reply(refused) == (400, {"success": False, "message": SESSION_OPEN})
+    status, body = await reply(refused)
+    assert (status, body["success"], body["workers"][0]["message"]) == (400, False, SESSION_OPEN)
     assert weights(sim).updates == [] and weights(sim).session is not None  # not sent; their session kept
     assert weights(sim).session_log == ["begin", "begin refused"]
 

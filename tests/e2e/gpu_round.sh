@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU checks that the simulator can only mimic, in one command on a GPU host with no network.
 #
-#   bash tests/e2e/gpu_round.sh e2e|sleep|bench-stream|bench-nonstream|rhythm   ($OUT: where results go)
+#   bash tests/e2e/gpu_round.sh e2e|sleep|bench-stream|bench-nonstream|rhythm|fleet-start|fleet   ($OUT: results)
 #
 # Expects, beside the checkout (git-ignored, built on the dev machine as ../shared/gpu/README.md says):
 #   .gpu/sglang-site312.tar.xz   SGLang 0.5.17 and its packages (../shared/gpu/build_site.sh)
@@ -16,13 +16,17 @@
 #                 BENCH_ARGS adds its flags, e.g. BENCH_ARGS="--pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15"
 #   bench NAME [SECONDS] -- ARGS...   plain server: bench/bench_ceiling.py ARGS (--sglang given), rows to
 #                 $OUT/NAME.json, table to $OUT/NAME.md, stopped after SECONDS (default 540)
+#   fleet-start, fleet   4 GPUs: trainer on GPU 0, SGLang on GPUs 1-2 behind sglang-router, the proxy in front;
+#                 bench/fleet_round.py's phases under rollout load -> $OUT/fleet.md, fleet.json (fleet_round.sh)
 #   rhythm        plain server: bench/chaos.py --rhythm, 24 bursts of 256 chats (6,144) through one proxy
 #                 worker, idle gaps sweeping 4.5-6 s across SGLang's 5 s keep-alive; lost must be 0 (~4 min)
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/gpu-round}; mkdir -p "$OUT"
 T0=$(date +%s); log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-mode=${1:?e2e|sleep|bench-stream|bench-nonstream|bench|rhythm}
+mode=${1:?e2e|sleep|bench-stream|bench-nonstream|bench|rhythm|fleet-start|fleet}
+# fleet-start, fleet: the 4-GPU fleet round (issue 28) in two calls; tests/e2e/fleet_round.sh says what each carries
+case "$mode" in fleet-start|fleet) exec bash tests/e2e/fleet_round.sh "$@" ;; esac
 
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1

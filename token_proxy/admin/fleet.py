@@ -17,6 +17,8 @@ When a worker fails (refuses, times out, restarts mid-update), the policy is ROL
   every worker is paused again (a restarted one comes back unpaused) and stays paused: /resume answers 409
   naming each worker and its version until an update brings every worker to one version, or a caller
   forces it with /resume?force=true. The reply says `outcome: held_paused`.
+A failed or abandoned NCCL push (every dialect) ends in push_failed: its group destroyed on every worker,
+then rolled back or held as above (the workers hold partial weights), with 503 when a new join + push would work.
 One transaction at a time: every update (from disk, NCCL receive / finish, sleep, wake-up, group join) runs
 under the plane's update lock, so a second one waits for the first to end (a rollback never undoes another
 caller's update); meanwhile /resume answers 409 ("a weight update is in progress"). Pause and resume never
@@ -35,8 +37,8 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
-from token_proxy.admin.workers import AdminPlane
-from token_proxy.errors import BackendUnavailable, InvalidRequest
+from token_proxy.admin.workers import AdminPlane, StepResult
+from token_proxy.errors import BackendTimeout, BackendUnavailable, InvalidRequest
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, raise_for_failures
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 30.0
 RETRY_DOWN_S = 0.25  # how often a rollback knocks on a worker that is down
 ROLLED_BACK, HELD = "rolled_back", "held_paused"
+DESTROY_GONE = "The group to be destroyed does not exist"  # SGLang's answer for a group it does not hold
 
 
 @dataclass(slots=True)
@@ -106,25 +109,79 @@ async def _update_from_disk(plane: AdminPlane, path: str, version: str | None, a
 
 
 async def recover(plane: AdminPlane, urls: list[str], replies: list[WorkerReply], action: str,
-                  every_worker_changed: bool = False, expected: str | None = None) -> NoReturn:
+                  every_worker_changed: bool = False, expected: str | None = None, status: int | None = None,
+                  note: str = "") -> NoReturn:
     """A step of an update failed on some worker: roll the fleet back to its checkpoint, or hold it."""
     results = await _verify(plane, urls, replies, expected, False)
     await _fail(plane, urls, replies, results, action, plane.version, plane.loaded_path, False,
-                every_worker_changed)
+                every_worker_changed, status, note)
+
+
+async def push_failed(plane: AdminPlane, urls: list[str], replies: list[WorkerReply], action: str) -> NoReturn:
+    """The one place every dialect's failed or abandoned NCCL push ends (prime-rl's /update_weights
+    {"weight_dir": null} and the forwarded /update_weights_from_distributed, vLLM's /update_weights
+    {"update_info"} and collective_rpc): the caller holds the plane's transaction.
+
+    Every live weight-update group is destroyed on every worker, so the trainer's next init with the same
+    name works (SGLang keeps a group whose receive failed, and refuses its name again). The workers hold
+    partial weights (SGLang: "partially updated. Please discard the whole weights"), so the fleet is rolled
+    back to its checkpoint on disk, else HELD (paused, /weight_info inconsistent, /resume 409) until a
+    complete push or /resume?force=true. The status says what to do: 503 (retry: join again, push again)
+    unless every worker refused the push itself (400). A prime-rl call waiting for this push gets it."""
+    plane.push_open = False
+    status = push_status(replies)
+    note = await destroy_groups(plane, urls)
+    try:
+        await recover(plane, urls, replies, action, every_worker_changed=True, status=status, note=note)
+    except FleetFailed as exc:
+        plane.publish_step(StepResult(False, exc.message, None, exc.status))
+        raise
+
+
+def push_status(replies: list[WorkerReply]) -> int:
+    """400 when every worker refused the push (the push itself is wrong: retrying it fails again); 504 when
+    every failure is a timeout; else 503: some worker refused or failed mid-push or was cut off while others
+    took it, and a new join + push would work (prime-rl retries 5xx)."""
+    failed = [r for r in replies if not r.ok]
+    refused = [r for r in failed if r.error is None]
+    if len(refused) == len(replies) and all(400 <= r.status < 500 for r in refused):
+        return 400
+    if not refused and all(isinstance(r.error, BackendTimeout) for r in failed):
+        return 504
+    return 503
+
+
+async def destroy_groups(plane: AdminPlane, urls: list[str]) -> str:
+    """/destroy_weights_update_group for every live group on every worker; what to tell the trainer."""
+    names = sorted(plane.live_groups) or ["weight_update_group"]
+    plane.live_groups.clear()
+    left = []
+    for name in names:
+        replies = await plane.fan_out("POST", "/destroy_weights_update_group", {"group_name": name},
+                                      plane.settings.admin_timeout_s, urls)
+        left += [f"{r.url}: {r.message}" for r in replies
+                 if not r.ok and DESTROY_GONE not in r.message]  # never joined, or gone with a restart
+    quoted = ", ".join(repr(name) for name in names)
+    if left:
+        log.error("destroying the weight-update group %s failed: %s", quoted, "; ".join(left))
+        return (f"; destroying the weight-update group {quoted} failed on " + "; ".join(left)
+                + " (POST /destroy_weights_update_group before joining again)")
+    return (f"; the weight-update group {quoted} was destroyed on every worker: join again (the same name "
+            "works) and push again")
 
 
 async def _fail(plane: AdminPlane, urls: list[str], replies: list[WorkerReply], results: list[WorkerResult],
                 action: str, before_version: str | None, before_path: str | None, paused_here: bool,
-                every_worker_changed: bool) -> NoReturn:
+                every_worker_changed: bool, status: int | None = None, note: str = "") -> NoReturn:
     failed = [r for r in results if not r.ok]
     if not failed:  # every call succeeded, yet the workers disagree
         failed = results
         for r in results:
             r.ok, r.message = False, f"reports weight version {r.weight_version!r}; the workers disagree"
     refused = [reply for reply in replies if not reply.ok]
-    status = failure_status(refused) if refused else 502
+    status = status or (failure_status(refused) if refused else 502)
     message = f"{action} failed on {len(failed)} of {len(urls)} worker(s): " + "; ".join(
-        f"{r.url}: {r.message}" for r in failed)
+        f"{r.url}: {r.message}" for r in failed) + note
     # Left alone: a worker that refused (an answer, no change) and still reports the old version. One that
     # timed out or could not be reached may yet apply the update: it is rolled back too.
     stale = [r.url for r, reply in zip(results, replies)
@@ -156,7 +213,7 @@ async def _roll_back_or_hold(plane: AdminPlane, urls: list[str], results: list[W
             raise FleetFailed(status, message + note, ROLLED_BACK, _annotate(results, after), version)
         results = _annotate(results, after)
         message += "; the rollback failed too: " + "; ".join(f"{r.url}: {r.message}" for r in after if not r.ok)
-    await _hold(plane, urls, message)
+    await _hold(plane, urls, message, stale)
     raise FleetFailed(status, message + "; every worker stays paused (POST /resume?force=true to serve anyway)",
                       HELD, results)
 
@@ -284,10 +341,12 @@ async def resume_all(plane: AdminPlane, urls: list[str], action: str = "resume")
     raise_for_failures(action, replies)
 
 
-async def _hold(plane: AdminPlane, urls: list[str], message: str) -> None:
+async def _hold(plane: AdminPlane, urls: list[str], message: str, changed: list[str] | None = None) -> None:
+    """`changed`: the workers whose weights the failed update may have changed (partial weights, as
+    /weight_info names them while held)."""
     versions = await read_versions(plane, urls)
     await pause_workers(plane, plane.settings.pause_mode, urls, all_or_none=False)
-    plane.hold = {"message": message, "worker_versions": versions}
+    plane.hold = {"message": message, "worker_versions": versions, "changed": list(changed or urls)}
     log.error("fleet held paused: %s", message)
 
 

@@ -3,6 +3,7 @@ route, so clients and routers written for SGLang keep working through the proxy.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -11,14 +12,16 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from token_proxy import checks as check
+from token_proxy.admin import fleet, weight_session
 from token_proxy.admin import native_checks as native
-from token_proxy.admin import weight_session
 from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.admin.workers import ADMIN, AdminPlane, StepResult
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import parse_json_object
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT
+
+log = logging.getLogger(__name__)
 
 SHORT_TIMEOUT_S = 30.0
 
@@ -36,6 +39,7 @@ class Forward:
     prepare: Prepare | None = None  # validate, and give each worker its body
     after: After | None = None  # the proxy's bookkeeping (weight versions, NCCL steps)
     session: bool = False  # inside SGLang's weight-update session where it is gated (weight_session.py)
+    push: bool = False  # one bucket of an NCCL push: the first worker to fail ends it (fleet.push_failed)
 
 
 async def disk_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
@@ -82,16 +86,42 @@ def note_new_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) 
 
 
 def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
-    """A failed bucket, or the bucket that carries the weight version, ends one NCCL push."""
-    failed = [r for r in replies if not r.ok]
+    """A bucket every worker took; the one that carries the weight version ends one NCCL push (a failed
+    bucket ends it in fleet.push_failed). A complete push ends a hold: every worker has the new weights."""
     version = _version(body.get("weight_version"))
-    if failed:
-        message = "; ".join(f"{r.url}: {r.message}" for r in failed)
-        plane.publish_step(StepResult(False, message, version))
-    elif version is not None:
-        plane.record_version(version)
-        plane.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
-        plane.publish_step(StepResult(True, "weights received", version))
+    if version is None:
+        plane.push_open = True
+        return
+    plane.push_open = False
+    plane.record_version(version)
+    plane.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
+    if plane.hold is not None:
+        log.info("a complete NCCL push (version %s) reached every worker: the hold ends", version)
+        plane.hold = None
+    plane.publish_step(StepResult(True, "weights received", version))
+
+
+async def push_bucket(plane: AdminPlane, request: web.Request, row: Forward, bodies: list[dict],
+                      urls: list[str], body: dict) -> web.Response:
+    """One bucket of a push through SGLang's own route, to every worker; the first worker to fail ends it
+    (the others are cut off), and the fleet goes through fleet.push_failed: groups destroyed, rolled back
+    or held. The reply keeps SGLang's failure shape, with the proxy's outcome and each worker's result."""
+    def call():
+        return plane.fan_out_until_failure(request.method, row.path, bodies, timeout_of(plane, row.timeout), urls)
+
+    replies = await weight_session.bracketed(plane, urls, call, row.path)
+    replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
+    if all(r.ok for r in replies):
+        note_step(plane, body, replies)
+        return sglang_reply(row.path, replies)
+    try:
+        async with plane.transaction():
+            await fleet.push_failed(plane, urls, replies, row.path)
+    except fleet.FleetFailed as exc:
+        failed = {"success": False, "message": exc.message, "outcome": exc.outcome,
+                  "weight_version": exc.weight_version, "workers": [w.as_dict() for w in exc.workers]}
+        return web.Response(status=exc.status, body=orjson.dumps(failed), content_type="application/json")
+    raise AssertionError("unreachable: push_failed always raises")
 
 
 def note_continue(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
@@ -131,7 +161,7 @@ FORWARDS = {row.path: row for row in (
     Forward("/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
             after=note_group),
     Forward("/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
-            after=note_step, session=True),
+            session=True, push=True),
     # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
     Forward("/begin_weight_update", "admin_timeout_s", after=note_session_open),
     Forward("/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
@@ -167,6 +197,8 @@ def forwarder(row: Forward):
         urls = urls if row.fan_out else urls[:1]
         body = _json_object(raw) if row.prepare or row.after else {}
         bodies = await row.prepare(plane, body, urls) if row.prepare else (raw or None)
+        if row.push:
+            return await push_bucket(plane, request, row, bodies, urls, body)
         path = request.path_qs if request.query_string else row.path
         def call():
             return plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)

@@ -18,11 +18,11 @@ from token_proxy.admin import fleet, vllm_rl
 from token_proxy.admin.flush import read_pending
 from token_proxy.admin.forward import group_bodies, note_group
 from token_proxy.admin.workers import ADMIN, AdminPlane
-from token_proxy.errors import InvalidRequest, ProxyError
+from token_proxy.errors import BackendTimeout, InvalidRequest, ProxyError
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.routes import add_lora_admin
 from token_proxy.sglang.pause import PRIME_RL, to_sglang
-from token_proxy.sglang.workers import WORKERS, WorkerFailed, raise_for_failures
+from token_proxy.sglang.workers import WORKERS, WorkerFailed, WorkerReply, raise_for_failures
 from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
@@ -66,15 +66,36 @@ async def update_weights(request: web.Request) -> web.Response:
         return await vllm_rl.update_weights(request, body)
     weight_dir = body.get("weight_dir")
     if weight_dir is None or _is_nccl_marker_dir(plane, weight_dir):
-        vllm_rl.require_group(plane, "update_weights")
-        step = await plane.next_step(plane.settings.weight_update_timeout_s)
-        if not step.ok:
-            raise WorkerFailed(400, f"update_weights (NCCL) failed: {step.message}")
-        return json_response({"status": "ok", "weight_version": step.version})
+        return await _nccl_step(plane)
     path = check.local_dir(weight_dir, "weight_dir", plane.settings)
     version = str(body.get("weight_version") or _next_version(plane, path))
     await fleet.update_from_disk(plane, path, version, "update_weights", _verify_checksum(body))
     return json_response({"status": "ok", "weight_version": version})
+
+
+async def _nccl_step(plane: AdminPlane) -> web.Response:
+    """The push this call waited for (each push answers one call: a repeat waits for a new one). A failed
+    push answers with the status fleet.push_failed chose (503: join again and push again). A push that
+    landed some buckets and then stopped is abandoned when the wait runs out: it fails the same way."""
+    if not plane.step_waiting():
+        vllm_rl.require_group(plane, "update_weights")
+    try:
+        step = await plane.next_step(plane.settings.weight_update_timeout_s)
+    except BackendTimeout as timed_out:
+        if not plane.push_open:
+            raise
+        urls = await plane.worker_urls()
+        gone = [WorkerReply(url, 0, error=BackendTimeout(f"the push stopped midway: {timed_out.message}"))
+                for url in urls]
+        try:
+            async with plane.transaction():
+                await fleet.push_failed(plane, urls, gone, "update_weights (NCCL)")
+        except fleet.FleetFailed:
+            plane.last_step.consumed = True  # this call answers for the abandoned push
+            raise
+    if not step.ok:
+        raise WorkerFailed(step.status, f"update_weights (NCCL) failed: {step.message}")
+    return json_response({"status": "ok", "weight_version": step.version})
 
 
 def _verify_checksum(body: dict) -> bool:

@@ -346,15 +346,16 @@ async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
     urls = await plane.worker_urls()
     body = {**meta, "group_name": GROUP, "flush_cache": False}  # the flush comes once, at finish
 
-    def push():
-        return plane.fan_out("POST", "/update_weights_from_distributed", body,
-                             plane.settings.weight_update_timeout_s, urls)
+    def push():  # the first worker to fail ends it: its refusal reaches the trainer at once
+        return plane.fan_out_until_failure("POST", "/update_weights_from_distributed", body,
+                                           plane.settings.weight_update_timeout_s, urls)
 
     # SGLang 0.5.21+ takes the push only inside a weight-update session, closed before any rollback.
     replies = await weight_session.bracketed(plane, urls, push, action)
     if not all(r.ok for r in replies):
-        # The workers that failed hold partly updated weights (SGLang: "discard the whole weights").
-        await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
+        # The workers hold partly updated weights (SGLang: "discard the whole weights"): every dialect's
+        # failed push ends in one place (groups destroyed, rolled back or held).
+        await fleet.push_failed(plane, urls, replies, action)
     plane.loaded_path = None  # the weights now came over NCCL: no checkpoint on disk holds them
     if plane.hold is not None:
         plane.hold["received"] = True  # every worker took this push: a finish may now end the hold
@@ -406,7 +407,10 @@ async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
                              "them) before finishing, or POST /resume?force=true to serve anyway")
     urls = await plane.worker_urls()
     if version is not None:
-        replies = await plane.fan_out("POST", "/update_weight_version", {"new_version": version},
+        # SGLang's abort_all_requests defaults to true (every release in bench/sglang_versions.json): the
+        # rollouts a /pause?mode=keep kept must finish, not be aborted.
+        replies = await plane.fan_out("POST", "/update_weight_version",
+                                      {"new_version": version, "abort_all_requests": False},
                                       plane.settings.admin_timeout_s, urls)
         if not all(r.ok for r in replies):
             await fleet.recover(plane, urls, replies, action, every_worker_changed=True)
@@ -420,12 +424,21 @@ async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
 
 
 async def weight_info(request: web.Request) -> web.Response:
-    """vLLM's {"weight_version"}; with several workers also each one's, and whether they agree."""
-    workers = await fleet.gather_versions(request.app[ADMIN])
+    """vLLM's {"weight_version"}; with several workers also each one's, and whether they agree. While a
+    failed update holds the fleet it is inconsistent whatever the versions say, naming each worker whose
+    weights that update may have left partial (`partial`) and why (`held`)."""
+    plane = request.app[ADMIN]
+    workers = await fleet.gather_versions(plane)
     versions = {w["weight_version"] for w in workers}
-    consistent = len(versions) == 1
-    return json_response({"weight_version": next(iter(versions)) if consistent else None,
-                          "consistent": consistent, "workers": workers})
+    consistent = len(versions) == 1 and plane.hold is None
+    reply = {"weight_version": next(iter(versions)) if consistent else None, "consistent": consistent,
+             "workers": workers}
+    if plane.hold is not None:  # a failed update: the version strings may agree, the weights do not
+        changed = set(plane.hold.get("changed") or ())
+        for worker in workers:
+            worker["partial"] = worker["url"] in changed
+        reply["held"] = plane.hold["message"]
+    return json_response(reply)
 
 
 async def weight_checker(request: web.Request) -> web.Response:

@@ -23,7 +23,9 @@ class StepResult:
     ok: bool
     message: str
     version: str | None
+    status: int = 200  # what a failed push answers (fleet.push_status: 503 when a new join + push would work)
     finished_at: float = field(default_factory=time.monotonic)
+    consumed: bool = False  # an /update_weights {"weight_dir": null} answered for it (each push answers once)
 
 
 @dataclass(kw_only=True)
@@ -42,6 +44,9 @@ class AdminPlane(Workers):
     owed_flushes: set[str] = field(default_factory=set)
     # Weight-update groups joined through the proxy (an NCCL step without one can never arrive).
     live_groups: set[str] = field(default_factory=set)
+    # Buckets of an NCCL push landed, its last (the one with the weight version) not yet: a push that is
+    # abandoned now leaves partial weights (routes.py holds the fleet when its wait runs out).
+    push_open: bool = False
     paused: bool = False  # the last pause / continue through the proxy (SGLang cannot be asked)
     # The checkpoint the workers hold now (what a failed fleet update rolls back to).
     loaded_path: str | None = None
@@ -82,22 +87,38 @@ class AdminPlane(Workers):
         self.last_step = result
         self._step_arrived.set()
 
+    def step_waiting(self) -> bool:
+        """A push ended since the last /pause that no call has answered for yet (it may have failed and
+        destroyed its group: its answer is still owed)."""
+        step = self.last_step
+        return step is not None and step.finished_at >= self.paused_at and not step.consumed
+
     async def next_step(self, timeout_s: float) -> StepResult:
-        """The first NCCL push that ended after the last /pause (prime-rl pauses, then pushes)."""
+        """The first NCCL push that ended after the last /pause (prime-rl pauses, then pushes) and that no
+        earlier call answered for: each push answers one /update_weights, so a repeat (an HTTP retry, or a
+        call without a new /pause) waits for a new push instead of returning the last one's result."""
         deadline = time.monotonic() + timeout_s
-        while self.last_step is None or self.last_step.finished_at < self.paused_at:
+        while self.last_step is None or self.last_step.finished_at < self.paused_at or self.last_step.consumed:
             self._step_arrived.clear()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BackendTimeout(
                     f"no weight broadcast reached the workers within {timeout_s:g} s: in NCCL mode the "
                     "trainer's broadcaster sends the tensors with /update_weights_from_distributed "
-                    "through this proxy (see README, Weight updates)")
+                    "through this proxy (see README, Weight updates)" + self._answered_note())
             try:
                 await asyncio.wait_for(self._step_arrived.wait(), left)
             except asyncio.TimeoutError:
                 continue
+        self.last_step.consumed = True
         return self.last_step
 
+    def _answered_note(self) -> str:
+        step = self.last_step
+        if step is None or not step.consumed or step.finished_at < self.paused_at:
+            return ""
+        outcome = f"version {step.version}" if step.ok else "failed"
+        return (f"; the last push ({outcome}) was already answered by an earlier /update_weights: each call "
+                "answers for one push that it waited for")
 
 ADMIN: web.AppKey[AdminPlane] = web.AppKey("admin_plane", AdminPlane)

@@ -20,7 +20,8 @@ vLLM's call shape and sends through SGLangBroadcaster instead; swap the import a
 `init_info` may be vLLM's NCCLTrainerInitInfo or a dict with the same fields (`packed` and the buffer sizes
 are accepted and ignored: SGLang receives unpacked); `client` is vLLM's HTTPVLLMWeightSyncClient (its
 `base_url` is used) or a URL; `source` is a vLLM WeightSource (its iter_full() yields (name, tensor) in
-metadata order) or any iterable of (name, tensor) pairs.
+metadata order) or any iterable of (name, tensor) pairs. With NCCL, `trainer_init` sets NCCL_CUMEM_ENABLE=0
+(SGLang's setting) on every rank before NCCL starts, or raises BroadcastError naming it where that is too late.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from token_proxy.broadcast.broadcaster import SGLangBroadcaster
+from token_proxy.broadcast.nccl_env import match_sglang
 
 
 def _field(info, name: str, default=None):
@@ -49,6 +51,8 @@ class SGLangTrainerWeightTransferEngine:
         if source is None:
             raise ValueError("weight transfer requires a WeightSource (or an iterable of (name, tensor) pairs)")
         rank = _field(init_info, "rank", 0)
+        if backend == "nccl":  # every rank: the trainer's own communicators must agree with rank 0's
+            match_sglang()
         if rank != 0:
             return cls(None, source)  # vLLM: only rank 0 opens the endpoint and drives the engine
         url = client if isinstance(client, str) else client.base_url

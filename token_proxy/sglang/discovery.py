@@ -18,6 +18,7 @@ Outages after connecting (the /metrics reader notices) are logged here too, one 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -60,13 +61,22 @@ async def discover(client: SGLangClient, settings: Settings) -> SGLangPicture:
     found = await asyncio.gather(*(discover_one(server, settings) for server in servers), return_exceptions=True)
     infos = {url: info for url, info in zip(urls, found) if isinstance(info, BackendInfo)}
     for info in found:
-        if isinstance(info, BaseException) and not isinstance(info, (BackendUnavailable, BackendTimeout)):
-            raise info  # a worker that answers wrongly: the wait line says which
+        if isinstance(info, BaseException) and not isinstance(info, (ProxyError, RuntimeError, OSError, ValueError)):
+            raise info
+    if not infos and client.base_url not in urls:
+        # No worker answers as SGLang: the backend itself, when it is one, still says what generates.
+        with contextlib.suppress(ProxyError, RuntimeError, OSError, ValueError):
+            infos = {client.base_url: await discover_one(client, settings)}
+            log.warning("no SGLang worker answered (%s); the proxy's picture of SGLang comes from the backend "
+                        "%s itself", ", ".join(urls), client.base_url)
     if not infos:
         raise found[0]
     for url, info in zip(urls, found):
-        if not isinstance(info, BackendInfo):  # one worker down must not keep the fleet's proxy from starting
-            log.warning("SGLang worker %s is left out of the proxy's picture of SGLang: %s", url, info.message)
+        # One worker down, or answering as no SGLang does, must not keep the fleet's proxy from starting: it is
+        # named, and left out of the picture until the next connect.
+        if not isinstance(info, BackendInfo):
+            log.warning("SGLang worker %s is left out of the proxy's picture of SGLang: %s", url,
+                        getattr(info, "message", None) or str(info))
     picture = picture_of(client.base_url, infos)
     for disagreement in picture.disagreements:
         if not disagreement.fatal:

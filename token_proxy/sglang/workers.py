@@ -115,6 +115,35 @@ class Workers:
         calls = [self._one(url, method, path, body, timeout_s) for url, body in zip(urls, bodies)]
         return list(await asyncio.gather(*calls))
 
+    async def fan_out_until_failure(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
+                                    timeout_s: float, urls: list[str]) -> list[WorkerReply]:
+        """`fan_out`, except that the first worker to fail ends it: the calls still open are cancelled (their
+        connections closed) and answered as `aborted`, so one worker's immediate refusal of an NCCL push
+        reaches the caller at once instead of after every other worker's timeout."""
+        if not isinstance(bodies, list):
+            bodies = [bodies] * len(urls)
+        tasks = {asyncio.ensure_future(self._one(url, method, path, body, timeout_s)): url
+                 for url, body in zip(urls, bodies)}
+        done: dict[str, WorkerReply] = {}
+        try:
+            pending = set(tasks)
+            while pending:
+                finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    done[tasks[task]] = task.result()
+                failed = [reply for reply in done.values() if not reply.ok]
+                if failed and pending:
+                    for task in pending:
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    for task in pending:
+                        done[tasks[task]] = aborted(tasks[task], failed[0])
+                    break
+        finally:
+            for task in tasks:
+                task.cancel()
+        return [done[url] for url in urls]
+
     async def _one(self, url: str, method: str, path: str, body: dict | bytes | None,
                    timeout_s: float) -> WorkerReply:
         raw = body if body is None or isinstance(body, bytes) else orjson.dumps(body)
@@ -123,6 +152,16 @@ class Workers:
         except ProxyError as exc:
             return WorkerReply(url, 0, error=exc)
         return WorkerReply(url, status, data, content_type)
+
+
+class Aborted(ProxyError):
+    """A fan-out call the proxy stopped waiting for because another worker had failed first."""
+
+    status = 503
+
+
+def aborted(url: str, first: WorkerReply) -> WorkerReply:
+    return WorkerReply(url, 0, error=Aborted(f"not waited for: {first.url} failed first ({first.message})"))
 
 
 def _listed_urls(raw: bytes) -> list[str] | None:

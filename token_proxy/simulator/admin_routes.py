@@ -10,6 +10,7 @@ from token_proxy.simulator import info
 from token_proxy.simulator import metrics as sim_metrics
 from token_proxy.simulator.errors import RequestValidationError, json_response
 from token_proxy.simulator.generate_route import decode_json_body
+from token_proxy.simulator.request_defaults import with_defaults
 from token_proxy.simulator.state import SIM_STATE, SimState
 
 FLUSHED = (
@@ -206,11 +207,13 @@ async def update_weight_version(request: web.Request) -> web.Response:
 async def _body(
     request: web.Request, route: tuple[int, str], required: tuple[str, ...] = (), allow_empty: bool = False
 ) -> dict:
-    """A JSON object body, refused with FastAPI's validation error like SGLang does."""
+    """A JSON object body, refused with FastAPI's validation error like SGLang does, with each field it
+    leaves out set to the default of SGLang's request dataclass for the simulated release."""
     raw = await request.read()
     full_route = (*route, f"{request.method} {request.path}")
+    version = request.app[SIM_STATE].config.sglang_version
     if not raw.strip() and allow_empty:
-        return {}
+        return with_defaults(version, request.path, {})
     try:
         body = decode_json_body(raw)
     except RequestValidationError as error:
@@ -223,7 +226,7 @@ async def _body(
     ]
     if missing:
         raise RequestValidationError(missing, full_route)
-    return body
+    return with_defaults(version, request.path, body)
 
 
 def _literal_error(value, route: tuple[int, str, str]) -> RequestValidationError:

@@ -7,7 +7,10 @@
   a second update waits for the first, so a rollback sent after a timed-out update lands after it.
 - POST /sim/faults {"faults": [{"kind": "fail" | "delay" | "restart", "message", "delay_s", "restart_s"}]}
   queues faults; each weight update takes the next one (GET /sim/faults lists what is left):
-  pass = none (for the next update's turn); fail = SGLang's refusal (400, nothing changed); delay = the update starts `delay_s` late (a caller
+  pass = none (for the next update's turn); fail = SGLang's refusal (400, nothing changed); partial = a
+  distributed receive that breaks midway: the first half of its tensors is loaded, the rest stays old, the group
+  stays registered (a join with its name is refused until it is destroyed), and SGLang's 400 says the weights
+  are "partially updated" (`message` names the cause); delay = the update starts `delay_s` late (a caller
   with a shorter timeout gives up, the update still lands); restart = the process dies mid-update (every
   in-flight request and this call's connection are cut) and comes back `restart_s` later with the
   weights and version it started with, unpaused.
@@ -27,13 +30,13 @@ from token_proxy.simulator.admin_routes import _body
 from token_proxy.simulator.errors import json_response
 from token_proxy.simulator.prefix_cache import PrefixCache
 from token_proxy.simulator.state import SIM_STATE, SimState
-from token_proxy.simulator.weight_routes import WEIGHTS, Weights
+from token_proxy.simulator.weight_routes import PARTIAL, WEIGHTS, Weights
 
 UPDATE_PATHS = frozenset({"/update_weights_from_disk", "/update_weights_from_distributed", "/update_weight_version"})
 # 0.5.21+: the session's begin / end queue behind a running update too (SGLang's scheduler takes them in
 # order); a fault reaches them only when it names their path.
 SESSION_PATHS = frozenset({"/begin_weight_update", "/end_weight_update"})
-FAULT_KINDS = ("pass", "fail", "delay", "restart")
+FAULT_KINDS = ("pass", "fail", "partial", "delay", "restart")
 
 
 @dataclass
@@ -125,6 +128,8 @@ async def _faulty(request: web.Request, handler, fault: dict | None) -> web.Stre
     if kind == "fail":
         message = fault.get("message") or "Failed to update weights: injected failure."
         return json_response({"success": False, "message": message}, 400)
+    if kind == "partial":
+        request[PARTIAL] = fault
     if kind == "delay":
         await asyncio.sleep(float(fault.get("delay_s", 1.0)))
     if kind == "restart":

@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 
 ALL_MEMORY_TAGS = ("kv_cache", "weights", "cuda_graph")  # SGLang's GPU_MEMORY_ALL_TYPES: no tags = all
 GROUP_FAILED = "Failed to initialize custom process group: {}."
+# torch 2.11's _new_process_group_helper (SGLang 0.5.17 pins it): a name still registered, e.g. the group of a
+# push that failed and was never destroyed, cannot be joined again until /destroy_weights_update_group.
+GROUP_NAME_USED = "The specified group name has already been used, please use a different group name"
+# What an NCCL receive that breaks midway raises (the simulator's `partial` fault, unless it names another).
+RECEIVE_BROKE = "NCCL error: remote process exited or there was a network error"
 UPDATE_FAILED = ("Failed to update parameter online: {}. The full weights of the ModelRunner are partially "
                  "updated. Please discard the whole weights.")
 # 0.5.21+ (managers/scheduler_components/weight_updater.py): the receive is its own step, and distributed /
@@ -35,6 +40,7 @@ NO_SESSION = "{} must run between begin_weight_update() and end_weight_update()"
 SESSION_OPEN = "a weight-update session is already open; call end_weight_update() first"
 NO_SESSION_TO_END = "no weight-update session is open; call begin_weight_update() first"
 SESSION_SINCE = "0.5.21"
+PARTIAL: web.RequestKey[dict] = web.RequestKey("sim_partial_fault", dict)  # set by rl_routes.py's `partial` fault
 
 
 @dataclass
@@ -67,6 +73,8 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     body = await _body(request, (1321, "init_weights_update_group"), required=required)
     group_name = body.get("group_name", "weight_update_group")
     rank = body["rank_offset"]  # tp_rank 0: the simulator is one GPU
+    if group_name in _weights(request).groups:
+        return _result(False, GROUP_FAILED.format(GROUP_NAME_USED))
     log.info("init custom process group: master_address=%s, master_port=%s, rank=%s, world_size=%s, "
              "group_name=%s, backend=%s", body["master_address"], body["master_port"], rank, body["world_size"],
              group_name, body.get("backend", "nccl"))
@@ -104,6 +112,12 @@ async def update_weights_from_distributed(request: web.Request) -> web.Response:
         tensors = await asyncio.to_thread(params.receive, weights.groups[group_name], body["dtypes"], body["shapes"])
     except Exception as exc:  # noqa: BLE001 - SGLang turns any receive failure into a reply
         return _result(False, (RECEIVE_FAILED if gated else UPDATE_FAILED).format(exc))
+    fault = request.get(PARTIAL)
+    if fault is not None:  # the receive broke midway: what arrived is loaded, the rest stays old
+        half = len(body["names"]) // 2
+        _load(weights, body["names"][:half], tensors[:half])
+        sim.weights_path = f"partial:{params.digest(tensors[:half])}"
+        return _result(False, UPDATE_FAILED.format(fault.get("message") or RECEIVE_BROKE))
     try:
         _load(weights, body["names"], tensors)
     except Exception as exc:  # noqa: BLE001 - SGLang turns any load failure into this reply
