@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -14,6 +15,9 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout
 from token_proxy.sglang.versions import SGLangFeatures
 from token_proxy.sglang.workers import Workers
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 30.0
 
 
 @dataclass(slots=True)
@@ -62,16 +66,26 @@ class AdminPlane(Workers):
     # A client opened SGLang's weight-update session itself (POST /begin_weight_update through the proxy):
     # the proxy's own bracket stands aside until the client's /end_weight_update.
     client_session: bool = False
+    update_started: float | None = None  # monotonic start of the running update transaction
 
     @contextlib.asynccontextmanager
     async def transaction(self):
-        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end."""
+        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end. A long one
+        says it is still running every PROGRESS_EVERY_S (as vLLM logs a long load)."""
         async with self.update_lock:
-            self.updating = True
+            self.updating, self.update_started = True, time.monotonic()
+            progress = asyncio.get_running_loop().create_task(self._progress(self.update_started))
             try:
                 yield
             finally:
-                self.updating = False
+                progress.cancel()
+                self.updating, self.update_started = False, None
+
+    async def _progress(self, started: float) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            log.info("weight update still running after %.0f s (fleet at version %s)", time.monotonic() - started,
+                     self.version)
 
     def mark_paused(self) -> None:
         """Every worker is paused now (through the proxy)."""
@@ -79,7 +93,12 @@ class AdminPlane(Workers):
         self.paused = True
 
     def record_version(self, version: str | None) -> None:
+        """Every worker serves `version` now: one line per change, with the workers and how long the update
+        took (a weight update is otherwise silent, --disable-log-requests or not)."""
         if version is not None and version != self.version:
+            took = f" in {time.monotonic() - self.update_started:.1f} s" if self.update_started is not None else ""
+            log.info("weights updated to version %s on %s%s (was %s)", version,
+                     ", ".join(self.last_urls) or "every worker", took, self.version)
             self.version = version
             self.history.append((time.monotonic(), version))
 
