@@ -304,15 +304,18 @@ def health_hint(problem: str, base_url: str) -> str:
     return problem
 
 
-def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None):
+def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None, chat_template: str | None = None):
     """In an executor thread. The app adopts library loggers here (`before_load`), between the import and
     the load: huggingface_hub gives itself a stderr handler on import, and its download retries would
-    otherwise print twice."""
+    otherwise print twice. `chat_template` (--chat-template) replaces the tokenizer's."""
     import transformers  # noqa: F401 -- imported here so its loggers exist before they are adopted
 
     if before_load is not None:
         before_load()
-    return load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 async def _connect_once(conn: Connection, before_load: Callable[[], None] | None = None) -> None:
@@ -325,8 +328,8 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
         raise TokenizerLoadError(problem)
     conn.loading_tokenizer = tokenizer_path
     try:
-        tokenizer = await asyncio.get_running_loop().run_in_executor(conn.executor, _load_tokenizer,
-                                                                     tokenizer_path, before_load)
+        tokenizer = await asyncio.get_running_loop().run_in_executor(conn.executor, _load_tokenizer, tokenizer_path,
+                                                                     before_load, conn.settings.chat_template)
     except Exception as exc:  # noqa: BLE001 -- transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise TokenizerLoadError(f"cannot load the tokenizer {tokenizer_path!r}: {reason} "
