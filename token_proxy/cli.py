@@ -79,6 +79,8 @@ FLAG_GROUPS = (
         ("--served-model-name", "served_model_name", several, ("the model name(s) clients send; replies carry the "
          "first")),
         ("--context-length", "context_length", int, "prompt + completion limit"),
+        ("--chat-template", "chat_template", str, ("a chat template file (or the template itself, on one line) "
+         "used instead of the tokenizer's, as vllm serve's flag")),
         ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
         ("--prompt-cache-size", "prompt_cache_size", int, "rendered prompts kept in the LRU cache (0: off)"),
         ("--prompt-cache-bytes", "prompt_cache_bytes", int, "bytes the rendered-prompt cache may hold (0: off)"),
@@ -198,7 +200,7 @@ def env_name(flag: str) -> str:
 
 # What an unset (None / empty) default means, as --help and the README say it.
 UNSET_MEANS = {
-    "tokenizer": "SGLang's tokenizer_path", "served_model_name": "SGLang's", "context_length": "SGLang's",
+    "tokenizer": "SGLang's tokenizer_path", "served_model_name": "SGLang's", "context_length": "SGLang's", "chat_template": "the tokenizer's",
     "backend_url": "the built-in simulator", "workers": "the backend, or the router's workers",
     "weight_dirs": "anywhere", "lora_modules": "none", "api_key": "none", "admin_key": "none",
     "sglang_api_key": "none",
@@ -441,6 +443,20 @@ def check_tokenizer_path(path: str | None) -> None:
         raise StartupError(problem)
 
 
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself when it is a template (vLLM reads it the same way:
+    a path if one exists, else the template). A value that looks like a path but names no file is a typo."""
+    if not value:
+        return None
+    path = os.path.expanduser(value)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    if "{" not in value and looks_local(value):
+        raise StartupError(f"--chat-template {value!r}: no such file (give a template file, or the template itself)")
+    return value
+
+
 class StartupError(Exception):
     """A configuration problem found before serving: one line, exit status 2."""
 
@@ -469,6 +485,7 @@ def main(argv: list[str] | None = None) -> None:
         root.handle(record)
     try:
         check_tokenizer_path(settings.tokenizer)
+        settings = dataclasses.replace(settings, chat_template=read_chat_template(settings.chat_template))
         # Before anything starts: a busy port fails first. With --workers N the workers bind it
         # (SO_REUSEPORT); this socket only claims it (and resolves port 0) meanwhile.
         several = settings.api_workers > 1

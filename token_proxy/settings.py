@@ -25,6 +25,9 @@ class Settings:
     served_model_name: str | None = None
     # More names the model answers to (vllm serve --served-model-name A B C: B and C); replies say A.
     served_model_aliases: tuple[str, ...] = ()
+    # vllm serve's --chat-template: a Jinja template (read from its file at start-up) used instead of the
+    # tokenizer's; a request's own `chat_template` still wins.
+    chat_template: str | None = None
     # None: from the backend (/v1/models max_model_len, then /server_info).
     context_length: int | None = None
     # Whole-request budget for one SGLang call (seconds).

@@ -337,3 +337,35 @@ async def test_init_broadcaster_names_prime_rls_own_fields(proxy, sim, change, p
     reply = await response.json()
     assert response.status == 400 and reply["error"]["param"] == param
     assert sim.app[WEIGHTS].groups == {}  # SGLang never asked to join
+
+
+async def test_a_weight_update_logs_one_line_with_version_workers_and_time(make_proxy, sim, tmp_path, caplog):
+    """issue 31: a successful update logged nothing (with --disable-log-requests a whole pause, update, resume
+    cycle left no trace)."""
+    import logging
+
+    proxy = await make_proxy(sim, disable_log_requests=True)
+    caplog.set_level(logging.INFO, logger="token_proxy.admin.workers")
+    assert (await proxy.post("/pause")).status == 200
+    response = await proxy.post("/update_weights", json={"weight_dir": str(weights_dir(tmp_path, "ckpt/step_3"))})
+    assert response.status == 200, await response.text()
+    assert (await proxy.post("/resume")).status == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "token_proxy.admin.workers"]
+    (line,) = [line for line in lines if line.startswith("weights updated to version")]
+    backend = proxy.app[ADMIN].settings.backend_url
+    assert line.startswith(f"weights updated to version 3 on {backend} in ")
+    assert line.endswith(" s (was default)")
+
+
+async def test_a_long_weight_update_says_it_is_still_running(make_proxy, sim, caplog, monkeypatch):
+    import logging
+
+    from token_proxy.admin import workers
+
+    monkeypatch.setattr(workers, "PROGRESS_EVERY_S", 0.05)
+    proxy = await make_proxy(sim)
+    caplog.set_level(logging.INFO, logger="token_proxy.admin.workers")
+    async with proxy.app[ADMIN].transaction():
+        await asyncio.sleep(0.18)
+    progress = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert len(progress) == 3 and progress[0].startswith("weight update still running after 0 s (fleet at version")

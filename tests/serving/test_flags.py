@@ -100,3 +100,25 @@ async def test_every_served_name_is_accepted_and_replies_carry_the_first(make_si
     response = await proxy.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
                                 headers={"Authorization": "Bearer k3"})
     assert response.status == 401
+
+
+def test_a_chat_template_flag_reads_its_file_or_takes_the_template(tmp_path):
+    from token_proxy.cli import StartupError, read_chat_template
+
+    path = tmp_path / "tpl.jinja"
+    path.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    assert read_chat_template(str(path)) == "{% for m in messages %}[{{ m.content }}]{% endfor %}"
+    assert read_chat_template("{{ messages[0].content }}") == "{{ messages[0].content }}"
+    assert read_chat_template(None) is None
+    with pytest.raises(StartupError, match="--chat-template '/no/such.jinja': no such file"):
+        read_chat_template("/no/such.jinja")
+
+
+async def test_the_chat_template_flag_renders_every_chat(make_sim, make_proxy):
+    sim = await make_sim()
+    proxy = await make_proxy(sim, chat_template="{% for m in messages %}<<{{ m.content }}>>{% endfor %}")
+    response = await proxy.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
+                                                   "return_token_strs": True})
+    body = await response.json()
+    assert response.status == 200, body
+    assert "".join(body["token_strs"]) == "<<hi>>"

@@ -6,8 +6,19 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 from token_proxy.healthcheck import health_url, main, proxy_argv_env
+
+
+def exec_done(pid: int, marker: str) -> None:
+    """Until the child has exec'd (its /proc cmdline is the new program's, not the forked parent's)."""
+    for _ in range(500):
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            if marker.encode() in file.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never ran {marker}")
 
 
 def test_the_flag_wins_over_the_image_env():
@@ -25,6 +36,7 @@ def test_argv_and_env_are_read_from_the_proxy_process(tmp_path):
     proc = subprocess.Popen([str(script), "--port", "9123", "--log-format", "json"],
                             env={"TOKEN_PROXY_HOST": "127.0.0.2", "PATH": "/usr/bin"})
     try:
+        exec_done(proc.pid, "9123")
         argv, environ = proxy_argv_env(proc.pid)
         assert argv == ["--port", "9123", "--log-format", "json"]
         assert environ["TOKEN_PROXY_HOST"] == "127.0.0.2"
@@ -44,6 +56,7 @@ def test_python_dash_m_is_understood(tmp_path):
     module.write_text(code)
     proc = subprocess.Popen([sys.executable, "-m", "token_proxy_stub", "--port", "9124"], cwd=tmp_path)
     try:
+        exec_done(proc.pid, "9124")
         assert proxy_argv_env(proc.pid)[0] == ["--port", "9124"]
     finally:
         proc.kill()

@@ -267,3 +267,37 @@ def test_the_access_line_can_be_turned_off(tmp_path, flag):
     assert any(line.get("message", "").startswith("token-proxy listening") for line in lines)
     assert parse_settings([flag], environ={}).disable_log_requests is True
     assert parse_settings([], environ={"TOKEN_PROXY_DISABLE_LOG_REQUESTS": "true"}).disable_log_requests is True
+
+
+async def test_a_tokenizer_path_sglang_reports_but_this_host_lacks_names_the_mount(aiohttp_server, aiohttp_client):
+    """issue 31: SGLang's tokenizer_path was a directory of its own container; the proxy logged it as a
+    "hub id" with transformers' "Repo id must be ..." error. Now one line says what to mount."""
+    from aiohttp import web
+
+    from token_proxy.app import create_app
+    from token_proxy.settings import Settings
+    from token_proxy.sglang.discovery import CONNECTION
+
+    info = {"model_path": "/models/Qwen2.5-0.5B", "tokenizer_path": "/models/Qwen2.5-0.5B", "weight_version": "default"}
+
+    async def answer(request):
+        if request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+        return web.json_response(info if "model_info" in request.path else {"version": "0.5.17"})
+
+    fake = web.Application()
+    for path in ("/health", "/model_info", "/server_info", "/v1/models"):
+        fake.router.add_get(path, answer)
+    server = await aiohttp_server(fake)
+    app = create_app(Settings(backend_url=str(server.make_url("")).rstrip("/"), backend_wait_s=5.0))
+    client = await aiohttp_client(app)
+    for _ in range(200):
+        if app[CONNECTION].fatal:
+            break
+        await asyncio.sleep(0.02)
+    assert app[CONNECTION].fatal == (
+        "SGLang reports its tokenizer at '/models/Qwen2.5-0.5B', which does not exist where the proxy runs (another "
+        "container or host): mount that directory at the same path (docker run -v /models:/models:ro, or a compose "
+        "volume), or pass --tokenizer with a local copy or the model's Hugging Face id")
+    response = await client.get("/health")
+    assert response.status == 503 and "/models:/models:ro" in (await response.json())["error"]["message"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -24,6 +25,9 @@ from token_proxy.sglang.workers import WorkerReply, Workers
 VERSION_KEYS = {"/update_weights_from_disk": "weight_version", "/update_weights_from_distributed": "weight_version",
                 "/update_weights_from_tensor": "weight_version", "/update_weight_version": "new_version"}
 INCOMING_GRACE_S = 10.0
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 30.0
 
 
 @dataclass(slots=True)
@@ -124,16 +128,26 @@ class AdminPlane(Workers):
     # Run after every weight update or version change through the admin plane (record_version): the
     # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
     after_weights: list[Callable[[], None]] = field(default_factory=list)
+    update_started: float | None = None  # monotonic start of the running update transaction
 
     @contextlib.asynccontextmanager
     async def transaction(self):
-        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end."""
+        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end. A long one
+        says it is still running every PROGRESS_EVERY_S (as vLLM logs a long load)."""
         async with self.update_lock:
-            self.updating = True
+            self.updating, self.update_started = True, time.monotonic()
+            progress = asyncio.get_running_loop().create_task(self._progress(self.update_started))
             try:
                 yield
             finally:
-                self.updating = False
+                progress.cancel()
+                self.updating, self.update_started = False, None
+
+    async def _progress(self, started: float) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            log.info("weight update still running after %.0f s (fleet at version %s)", time.monotonic() - started,
+                     self.version)
 
     def mark_paused(self) -> None:
         """Every worker is paused now (through the proxy)."""
@@ -141,9 +155,13 @@ class AdminPlane(Workers):
         self.paused = True
 
     def record_version(self, version: str | None) -> None:
-        """The workers took a weight update (with `version`, or None when it named none): recorded, then
-        the after_weights hooks run."""
+        """Every worker serves `version` now: one line per change, with the workers and how long the update
+        took (a weight update is otherwise silent, --disable-log-requests or not); then the after_weights
+        hooks run (also for an update that named no version)."""
         if version is not None and version != self.version:
+            took = f" in {time.monotonic() - self.update_started:.1f} s" if self.update_started is not None else ""
+            log.info("weights updated to version %s on %s%s (was %s)", version,
+                     ", ".join(self.last_urls) or "every worker", took, self.version)
             self.version = version
             self.history.append((time.monotonic(), version))
             self.note_change()

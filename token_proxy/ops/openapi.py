@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from aiohttp import web
 
+from token_proxy import __version__
 from token_proxy.api.completions.request import MAX_PROMPTS
 from token_proxy.api.fields import INT64_MAX, INT64_MIN
 from token_proxy.api.messages import ROLES
@@ -56,7 +57,7 @@ def openapi_spec(limits: Limits | None = None) -> dict:
     s = _Schemas(limits or Limits())
     return {
         "openapi": "3.1.0",
-        "info": {"title": "sglang-token-proxy", "version": "0.1.0",
+        "info": {"title": "sglang-token-proxy", "version": __version__,
                  "description": "vLLM's OpenAI-compatible schema on top of SGLang's native /generate"},
         "paths": _paths(s),
         "components": {

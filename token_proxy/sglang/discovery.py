@@ -40,6 +40,7 @@ from token_proxy.tokenization.loader import (
     describe_tokenizer,
     load_tokenizer,
     tokenizer_dir_problem,
+    unseen_path_problem,
 )
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
@@ -303,28 +304,32 @@ def health_hint(problem: str, base_url: str) -> str:
     return problem
 
 
-def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None):
+def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None, chat_template: str | None = None):
     """In an executor thread. The app adopts library loggers here (`before_load`), between the import and
     the load: huggingface_hub gives itself a stderr handler on import, and its download retries would
-    otherwise print twice."""
+    otherwise print twice. `chat_template` (--chat-template) replaces the tokenizer's."""
     import transformers  # noqa: F401 -- imported here so its loggers exist before they are adopted
 
     if before_load is not None:
         before_load()
-    return load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    return tokenizer
 
 
 async def _connect_once(conn: Connection, before_load: Callable[[], None] | None = None) -> None:
     """Discover SGLang, load the tokenizer it names, and set both on the connection."""
     picture = await discover(conn.client, conn.settings)
     tokenizer_path = picture.agreed.tokenizer_path
-    problem = tokenizer_dir_problem(tokenizer_path)
+    problem = tokenizer_dir_problem(tokenizer_path) or (
+        None if conn.settings.tokenizer else unseen_path_problem(tokenizer_path))
     if problem:
         raise TokenizerLoadError(problem)
     conn.loading_tokenizer = tokenizer_path
     try:
-        tokenizer = await asyncio.get_running_loop().run_in_executor(conn.executor, _load_tokenizer,
-                                                                     tokenizer_path, before_load)
+        tokenizer = await asyncio.get_running_loop().run_in_executor(conn.executor, _load_tokenizer, tokenizer_path,
+                                                                     before_load, conn.settings.chat_template)
     except Exception as exc:  # noqa: BLE001 -- transformers raises OSError, ValueError, KeyError, ... for a bad tokenizer
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise TokenizerLoadError(f"cannot load the tokenizer {tokenizer_path!r}: {reason} "

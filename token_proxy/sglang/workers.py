@@ -84,7 +84,15 @@ class Workers:
     behind_router: bool | None = None
     spawn: Callable | None = None  # runs background work that outlives a request (the proxy's spawn)
 
+    # The servers the last worker_urls() named (for log lines that cannot wait for the router).
+    last_urls: tuple[str, ...] = ()
+
     async def worker_urls(self) -> list[str]:
+        urls = await self._worker_urls()
+        self.last_urls = tuple(urls)
+        return urls
+
+    async def _worker_urls(self) -> list[str]:
         if self.settings.workers:
             return list(self.settings.workers)
         if self.behind_router is not False:

@@ -34,6 +34,18 @@ def tokenizer_dir_problem(path: str) -> str | None:
             "or tokenizer.model): pass --tokenizer with the model's directory (the one SGLang's --model-path names)")
 
 
+def unseen_path_problem(path: str) -> str | None:
+    """One line when the tokenizer path SGLang reports is a local path that does not exist here: the proxy
+    runs in another container or on another host than SGLang, and transformers would take it for a hub id
+    ("Repo id must be ...")."""
+    if not path.startswith(("/", "~", "./", "../")) or os.path.exists(os.path.expanduser(path)):
+        return None
+    parent = os.path.dirname(path.rstrip("/")) or path
+    return (f"SGLang reports its tokenizer at {path!r}, which does not exist where the proxy runs (another "
+            f"container or host): mount that directory at the same path (docker run -v {parent}:{parent}:ro, or a "
+            "compose volume), or pass --tokenizer with a local copy or the model's Hugging Face id")
+
+
 def load_tokenizer(name_or_path: str):
     """Load a fast HF tokenizer; offline when the path is local, so nothing is downloaded by surprise."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
