@@ -15,8 +15,9 @@
 #      stripped) .whl (10.9 MB) -> ~32 MB; command: bash tests/e2e/gpu_round.sh fleet   (~5 min)
 #   Carrying all of .gpu in one call is 69.6 MB with the tree: over the limit.
 # Seen on the H100 host (2026-11-27, main 2d480d5): the bundle unpacks in 3 s; sglang-router answers /health ~17 s after
-# its start and lists its workers later still (so this waits for /workers); behind the router the proxy cannot learn
-# the context length (--context-length 4096 here) and a streamed chat through it stops after 1 token (issue 28, 1).
+# its start and lists its workers later still (so this waits for /workers); on 2d480d5, behind the router the proxy
+# could not learn the context length and a streamed chat through it stopped after 1 token (issue 28, 1): fixed, so
+# the proxy here is started without --context-length.
 # `fleet` also starts the workers if they are not up (one call would do, were it not for the 64 MiB).
 # FLEET_SIM=1: the same on CPU, simulators as workers and a gloo trainer (FLEET_TRAINER_PYTHON: a python with torch).
 #   FLEET_SIM=1 FLEET_PORTS="39100 39101 39102 39103 39104" FLEET_DIR=/tmp/fleet-sim FLEET_PYTHON=VENV/bin/python \
@@ -103,10 +104,9 @@ case "$mode" in
     log "router up"
     if [ -f $F/proxy.pid ]; then kill -- -"$(cat $F/proxy.pid)" 2>/dev/null; sleep 1; fi
     setsid $PY -m token_proxy --backend http://127.0.0.1:$RP --worker http://127.0.0.1:$AP \
-      --worker http://127.0.0.1:$BP --host 127.0.0.1 --port $PP --tokenizer "$TOK" \
-      --context-length 4096 > $F/proxy.log 2>&1 &
+      --worker http://127.0.0.1:$BP --host 127.0.0.1 --port $PP --tokenizer "$TOK" > $F/proxy.log 2>&1 &
     echo $! > $F/proxy.pid
-    # behind the router the proxy cannot learn the context length (issue 28, point 1): --context-length 4096
+    # no --context-length: behind the router the proxy learns it from the workers (issue 28, point 1)
     for _ in $(seq 1 120); do healthy http://127.0.0.1:$PP/health && break; sleep 0.5; done
     healthy http://127.0.0.1:$PP/health || { tail -30 $F/proxy.log; cp $F/*.log "$OUT/"; exit 1; }
     log "proxy up"; head -40 $F/proxy.log
