@@ -11,7 +11,8 @@ import pytest
 
 from token_proxy.ops.metrics import METRICS
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import ReuseAwareConnector, send
+from token_proxy.errors import BackendUnavailable
+from token_proxy.sglang.client import ReuseAwareConnector, SGLangClient, send
 from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 
@@ -147,6 +148,11 @@ class _Scripted:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
                     await writer.drain()
                     break
+                if action == "generated":  # a whole /generate reply
+                    body = b'{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}'
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                    await writer.drain()
+                    continue
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -202,6 +208,22 @@ async def test_nothing_is_sent_again_once_the_answer_began():
                 await resp.read()
     assert retried == []
     assert server.requests == [(0, 0, "ok"), (0, 1, "half")]
+
+
+async def test_a_whole_reply_broken_off_mid_body_is_generated_again_once():
+    """A worker behind sglang-router killed mid-reply (the GPU fleet round: one non-streamed rollout got a 503):
+    a /generate whose body broke off is sent again, once, and counted as broken_reply; other calls are not."""
+    server, listener, url = await _scripted({(0, 0): "half", (1, 0): "generated", (2, 0): "half", (3, 0): "half"})
+    pooled, fresh = await _sessions()
+    retried: list[str] = []
+    async with listener, pooled, fresh:
+        client = SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append)
+        assert await client.generate({"input_ids": [1]}) == [{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}]
+        assert retried == ["broken_reply"]
+        with pytest.raises(BackendUnavailable, match="closed the connection mid-response"):
+            await client.generate({"input_ids": [1]})  # broken twice: the second is the client's to see
+        assert retried == ["broken_reply", "broken_reply"]
+    assert [action for _, _, action in server.requests] == ["half", "generated", "half", "half"]
 
 
 @pytest.mark.parametrize(("exc", "reason"), [

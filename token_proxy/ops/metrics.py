@@ -103,9 +103,10 @@ class ProxyMetrics:
                                 "tokenization, when it ran (cache misses)", buckets=RENDER_BUCKETS)
         self.backend_errors = counter(PREFIX + "backend_errors_total", "Requests failed by SGLang: error "
                                       "(502), unavailable (503), timeout (504)", ["endpoint", "kind"])
-        self.upstream_retries = counter(PREFIX + "upstream_retries_total", "SGLang calls sent once more on a "
-                                        "fresh connection: the reused one was closed before any answer "
-                                        "(SGLang's keep-alive), by how it failed", ["reason"])
+        self.upstream_retries = counter(PREFIX + "upstream_retries_total", "SGLang calls sent once more: a reused "
+                                        "connection closed before any answer (SGLang's keep-alive: disconnected, "
+                                        "reset), or a whole reply broken off mid-body (broken_reply: the server "
+                                        "generating it died)", ["reason"])
         for reason in RETRY_REASONS:
             self.upstream_retries.labels(reason)
         self.overloaded = counter(PREFIX + "overload_rejections_total", "Requests the proxy refused with "

@@ -78,7 +78,7 @@ class SGLangClient:
                     raise error_from_status(resp.status, body)
                 return body
 
-        body = await retrying(once, reload=reload, on_retry=self._on_retry)
+        body = await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True)
         try:  # orjson here, not replies.loads: a plain chat's success runs no more modules than before (15)
             data = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -322,15 +322,16 @@ _ATTEMPT: ContextVar[Attempt | None] = ContextVar("sglang_attempt", default=None
 
 
 async def retrying(send: Callable[[bool], Awaitable[T]], *, reload: Reloads | None = None,
-                   on_retry: Callable[[str], None] | None = None) -> T:
+                   on_retry: Callable[[str], None] | None = None, regenerates: bool = False) -> T:
     """`await send(False)`; once more as `send(True)` (True: on a fresh connection) when a retry rule
-    finds a reason: `reload.resync()` first for a lost adapter, `on_retry(reason)` for a stale connection."""
+    finds a reason: `reload.resync()` first for a lost adapter, `on_retry(reason)` for the others."""
     attempt = Attempt()
     token = _ATTEMPT.set(attempt)
     try:
         return await send(False)
     except (ProxyError, aiohttp.ClientError) as exc:
-        reason = again_because(exc, reused=attempt.reused, answered=attempt.answered, reloads=reload is not None)
+        reason = again_because(exc, reused=attempt.reused, answered=attempt.answered, reloads=reload is not None,
+                               regenerates=regenerates)
         if reason is None:
             raise
     finally:

@@ -10,6 +10,11 @@ point (`retrying`) applies. Pure: an exception and what the attempt saw in, a re
 - **a lost LoRA adapter**: SGLang answered that the worker does not hold the request's adapter (it
   restarted before the sync pass); the caller re-loads what is missing, then sends again. Only calls made
   with a reload (adapter requests) have this rule.
+- **a broken reply**: a non-streamed /generate whose answer broke off after its status line (the
+  connection closed mid-body: the server generating it died, e.g. a worker behind sglang-router killed
+  and restarted). Nothing of it reached the client, and a rollout is only worth its whole reply: it is
+  generated again, once (through the router, on a live worker). Only calls that ask (`regenerates`) have
+  this rule; a stream whose first event went out cannot be taken back, and ends with an error event.
 """
 
 from __future__ import annotations
@@ -21,19 +26,27 @@ import aiohttp
 from token_proxy.errors import ProxyError
 from token_proxy.sglang.replies import is_lost_adapter
 
-RETRY_REASONS = ("disconnected", "reset")  # the stale-connection metric's label values, created at 0
+BROKEN_REPLY = "broken_reply"
+# The retries metric's label values, created at 0: the stale connection's two, and the broken reply.
+RETRY_REASONS = ("disconnected", "reset", BROKEN_REPLY)
 LOST_ADAPTER = "lost adapter"
 
 
-def again_because(exc: BaseException, *, reused: bool, answered: bool, reloads: bool) -> str | None:
+def again_because(exc: BaseException, *, reused: bool, answered: bool, reloads: bool,
+                  regenerates: bool = False) -> str | None:
     """Why a call that failed with `exc` is worth sending once more, or None. `reused`: it went out on a
     pooled connection that had carried a request before; `answered`: the status line had arrived;
-    `reloads`: the caller can re-load a lost adapter."""
+    `reloads`: the caller can re-load a lost adapter; `regenerates`: a whole reply broken off mid-body may
+    be generated again."""
     if isinstance(exc, ProxyError) and exc.__cause__ is None:  # SGLang's own answer
         return LOST_ADAPTER if reloads and is_lost_adapter(exc.message) else None
-    if not reused or answered:
+    cause = exc.__cause__ if isinstance(exc, ProxyError) else exc
+    if answered:
+        broke_off = isinstance(cause, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError)
+        return BROKEN_REPLY if regenerates and broke_off else None
+    if not reused:
         return None
-    return stale_reason(exc.__cause__ if isinstance(exc, ProxyError) else exc)
+    return stale_reason(cause)
 
 
 def stale_reason(exc: BaseException | None) -> str | None:
