@@ -66,6 +66,12 @@ class BackendUnavailable(ProxyError):
         return {"Retry-After": "1"}
 
 
+class ReplyBrokeOff(BackendUnavailable):
+    """SGLang's answer began, then its connection closed mid-body: the server generating it died (a worker
+    killed behind sglang-router). Before any byte of it reached the client, it may be generated again
+    (sglang/retry_rules.py)."""
+
+
 class BackendError(ProxyError):
     """SGLang answered, but with a failure the client did not cause."""
 

@@ -148,6 +148,14 @@ class _Scripted:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
                     await writer.drain()
                     break
+                if action in ("streamed", "half_stream"):  # a streamed /generate, whole or broken before its first event
+                    body = (b'data: {"text": "hi", "output_ids": [1], "meta_info": {"id": "r", "finish_reason": '
+                            b'{"type": "length", "length": 1}}}\n\ndata: [DONE]\n\n')
+                    cut = body if action == "streamed" else body[:12]
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                                 % (len(body), cut))
+                    await writer.drain()
+                    break
                 if action == "generated":  # a whole /generate reply
                     body = b'{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}'
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -224,6 +232,19 @@ async def test_a_whole_reply_broken_off_mid_body_is_generated_again_once():
             await client.generate({"input_ids": [1]})  # broken twice: the second is the client's to see
         assert retried == ["broken_reply", "broken_reply"]
     assert [action for _, _, action in server.requests] == ["half", "generated", "half", "half"]
+
+
+async def test_a_stream_broken_before_its_first_event_is_opened_again_once():
+    server, listener, url = await _scripted({(0, 0): "half_stream", (1, 0): "streamed"})
+    pooled, fresh = await _sessions()
+    retried: list[str] = []
+    async with listener, pooled, fresh:
+        client = SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append)
+        stream, first = await client.start_stream({"input_ids": [1], "stream": True})
+        await stream.aclose()
+        assert [event["output_ids"] for event in first] == [[1]]
+    assert retried == ["broken_reply"]
+    assert [action for _, _, action in server.requests] == ["half_stream", "streamed"]
 
 
 @pytest.mark.parametrize(("exc", "reason"), [

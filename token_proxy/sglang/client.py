@@ -27,7 +27,7 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
-from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError, ReplyBrokeOff
 from token_proxy.sglang.relay import RelayStream, cached_resolver, open_relay, relay_target
 from token_proxy.sglang.replies import error_from_status, invalid_json, loads
 from token_proxy.sglang.retry_rules import LOST_ADAPTER, RETRY_REASONS, again_because
@@ -96,7 +96,8 @@ class SGLangClient:
                 await stream.aclose()
                 raise
 
-        return await retrying(once, reload=reload)
+        # regenerates: a stream that broke off before its first event is opened again (no byte reached the client)
+        return await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True)
 
     async def open_stream(self, payload: dict) -> RelayStream:
         """A streaming /generate, sent on a connection of its own (sglang/relay.py)."""
@@ -233,7 +234,7 @@ class _Call:
         if isinstance(exc, asyncio.TimeoutError):
             raise BackendTimeout("SGLang did not finish the request in time") from exc
         if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
-            raise BackendUnavailable(f"SGLang closed the connection mid-response: {exc}") from exc
+            raise ReplyBrokeOff(f"SGLang closed the connection mid-response: {exc}") from exc
         if isinstance(exc, aiohttp.ClientError):
             raise BackendUnavailable(f"SGLang at {self._base_url} failed: {exc}") from exc
         return False

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError, ReplyBrokeOff
 from token_proxy.sglang.deadline import Deadline
 from token_proxy.sglang.events import DONE_EVENT, EventDecoder
 from token_proxy.sglang.http1 import FramingError, ResponseFramer
@@ -176,7 +176,7 @@ class RelayStream(asyncio.Protocol):
             except ProxyError as error:
                 self._fail(error)
             return
-        self._fail(BackendUnavailable(f"SGLang closed the connection mid-response: {exc or 'connection closed'}"))
+        self._fail(ReplyBrokeOff(f"SGLang closed the connection mid-response: {exc or 'connection closed'}"))
 
     def data_received(self, data: bytes) -> None:
         self._deadline.since = self._loop.time()  # Deadline.touch() inlined: once per network read
@@ -185,7 +185,7 @@ class RelayStream(asyncio.Protocol):
         try:
             self._received(data)
         except FramingError as exc:
-            self._fail(BackendUnavailable(f"SGLang closed the connection mid-response: {exc}"))
+            self._fail(ReplyBrokeOff(f"SGLang closed the connection mid-response: {exc}"))
         except ProxyError as exc:
             self._fail(exc)
         except Exception as exc:  # noqa: BLE001 - the sink's (client's) failure ends this stream, typed

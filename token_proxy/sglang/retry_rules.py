@@ -10,11 +10,12 @@ point (`retrying`) applies. Pure: an exception and what the attempt saw in, a re
 - **a lost LoRA adapter**: SGLang answered that the worker does not hold the request's adapter (it
   restarted before the sync pass); the caller re-loads what is missing, then sends again. Only calls made
   with a reload (adapter requests) have this rule.
-- **a broken reply**: a non-streamed /generate whose answer broke off after its status line (the
-  connection closed mid-body: the server generating it died, e.g. a worker behind sglang-router killed
-  and restarted). Nothing of it reached the client, and a rollout is only worth its whole reply: it is
-  generated again, once (through the router, on a live worker). Only calls that ask (`regenerates`) have
-  this rule; a stream whose first event went out cannot be taken back, and ends with an error event.
+- **a broken reply**: a /generate whose answer broke off after its status line (`ReplyBrokeOff`: the
+  connection closed mid-body, the server generating it died, e.g. a worker behind sglang-router killed
+  and restarted), a whole reply or a stream before its first event. Nothing of it reached the client, and
+  a rollout is only worth its whole reply: it is generated again, once (through the router, on a live
+  worker). Only calls that ask (`regenerates`) have this rule; a stream whose first event went out cannot
+  be taken back, and ends with an error event.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import errno
 
 import aiohttp
 
-from token_proxy.errors import ProxyError
+from token_proxy.errors import ProxyError, ReplyBrokeOff
 from token_proxy.sglang.replies import is_lost_adapter
 
 BROKEN_REPLY = "broken_reply"
@@ -38,12 +39,13 @@ def again_because(exc: BaseException, *, reused: bool, answered: bool, reloads: 
     pooled connection that had carried a request before; `answered`: the status line had arrived;
     `reloads`: the caller can re-load a lost adapter; `regenerates`: a whole reply broken off mid-body may
     be generated again."""
+    if isinstance(exc, ReplyBrokeOff):
+        return BROKEN_REPLY if regenerates else None
     if isinstance(exc, ProxyError) and exc.__cause__ is None:  # SGLang's own answer
         return LOST_ADAPTER if reloads and is_lost_adapter(exc.message) else None
-    cause = exc.__cause__ if isinstance(exc, ProxyError) else exc
     if answered:
-        broke_off = isinstance(cause, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError)
-        return BROKEN_REPLY if regenerates and broke_off else None
+        return None
+    cause = exc.__cause__ if isinstance(exc, ProxyError) else exc
     if not reused:
         return None
     return stale_reason(cause)
