@@ -4,23 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.admin_fixtures import FakeTensor
 from token_proxy.simulator import params
-
-
-class FakeTensor:
-    """What the simulator's receive hands back, without torch (tests/admin/test_broadcast.py receives for real)."""
-
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-    def float(self):
-        return self
-
-    def numpy(self):
-        return self
-
-    def tobytes(self):
-        return repr(self.shape).encode()
 
 
 @pytest.fixture

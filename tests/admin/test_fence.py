@@ -14,33 +14,19 @@ import aiohttp
 import orjson
 import pytest
 
+from tests.admin.test_fleet import state, url_of, weights_dir
 from tests.sglang.test_router import wait_for_workers
 from tests.support.admin_fixtures import free_port, stop_process, until
 from token_proxy.admin.fence import FENCE
 from token_proxy.admin.workers import ADMIN
 from token_proxy.pipeline.fleet_versions import VersionRecord
-from token_proxy.simulator import SIM_STATE, params
+from token_proxy.simulator import params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse
 
 pytest.importorskip("sglang_router")
 
 CHAT = {"messages": [{"role": "user", "content": "Count."}], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-
-
-def state(server):
-    return server.app[SIM_STATE]
-
-
-def url_of(server) -> str:
-    return str(server.make_url("")).rstrip("/")
-
-
-def weights_dir(tmp_path, name: str) -> str:
-    directory = tmp_path / name
-    directory.mkdir(parents=True)
-    (directory / "model.safetensors").write_bytes(b"\0")
-    return str(directory)
 
 
 async def restart(server, restart_s: float = 0.3) -> None:

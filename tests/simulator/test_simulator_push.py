@@ -9,6 +9,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from tests.support.admin_fixtures import FakeTensor
 from token_proxy.simulator import params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.weight_routes import WEIGHTS
@@ -20,24 +21,10 @@ USED = ("Failed to initialize custom process group: The specified group name has
         "different group name.")
 
 
-class Received:
-    def __init__(self, shape):
-        self.shape = tuple(shape)
-
-    def float(self):
-        return self
-
-    def numpy(self):
-        return self
-
-    def tobytes(self):
-        return repr(self.shape).encode()
-
-
 @pytest.fixture
 def no_torch(monkeypatch):
     monkeypatch.setattr(params, "join_group", lambda *args: object())
-    monkeypatch.setattr(params, "receive", lambda group, dtypes, shapes: [Received(s) for s in shapes])
+    monkeypatch.setattr(params, "receive", lambda group, dtypes, shapes: [FakeTensor(s) for s in shapes])
     monkeypatch.setattr(params, "leave_group", lambda group: None)
 
 
@@ -57,7 +44,7 @@ async def test_a_receive_that_breaks_midway_leaves_partial_weights_and_its_group
             400, {"success": False, "message": "Failed to update parameter online: NCCL error: peer gone. The full "
                   "weights of the ModelRunner are partially updated. Please discard the whole weights."})
         q_proj, down_proj = BUCKET["names"]
-        assert isinstance(weights.values[q_proj], Received)  # arrived and loaded
+        assert isinstance(weights.values[q_proj], FakeTensor)  # arrived and loaded
         assert weights.values[down_proj] == old[down_proj]  # never arrived: the old tensor
         assert list(weights.groups) == ["weight_update_group"]  # still registered
         assert await reply(await http.post("/init_weights_update_group", json=JOIN)) == (
@@ -68,4 +55,4 @@ async def test_a_receive_that_breaks_midway_leaves_partial_weights_and_its_group
             400, {"success": False, "message": "The group to be destroyed does not exist."})
         assert (await http.post("/init_weights_update_group", json=JOIN)).status == 200
         assert (await http.post("/update_weights_from_distributed", json=BUCKET)).status == 200
-    assert isinstance(weights.values[down_proj], Received)
+    assert isinstance(weights.values[down_proj], FakeTensor)

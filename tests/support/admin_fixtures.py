@@ -59,3 +59,19 @@ async def until(predicate, timeout: float = 5.0) -> None:
 
 def proxy_url(client) -> str:
     return str(client.make_url("")).rstrip("/")
+
+
+class FakeTensor:
+    """What the simulator's receive hands back, without torch (tests/admin/test_broadcast.py receives for real)."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+    def float(self):
+        return self
+
+    def numpy(self):
+        return self
+
+    def tobytes(self):
+        return repr(self.shape).encode()
