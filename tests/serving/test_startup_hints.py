@@ -301,3 +301,59 @@ async def test_a_tokenizer_path_sglang_reports_but_this_host_lacks_names_the_mou
         "volume), or pass --tokenizer with a local copy or the model's Hugging Face id")
     response = await client.get("/health")
     assert response.status == 503 and "/models:/models:ro" in (await response.json())["error"]["message"]
+
+
+NGINX_404 = b"""<html>
+<head><title>404 Not Found</title></head>
+<body>
+<center><h1>404 Not Found</h1></center>
+<hr><center>nginx/1.25.3</center>
+</body>
+</html>
+<!-- a padding comment -->
+<!-- a padding comment -->
+<!-- a padding comment -->
+<!-- a padding comment -->
+<!-- a padding comment -->
+<!-- a padding comment -->
+"""
+
+
+def test_an_html_page_is_one_line_naming_its_title():
+    from token_proxy.sglang.replies import error_from_status
+
+    error = error_from_status(404, NGINX_404)
+    assert error.message == ("SGLang failed with HTTP 404: an HTML page titled '404 Not Found', not SGLang's JSON "
+                             "(is this URL SGLang's?)")
+    assert error_from_status(404, b'{"detail": "Not Found"}').message == 'SGLang failed with HTTP 404: {"detail": "Not Found"}'
+
+
+async def test_a_metrics_page_that_is_not_sglangs_is_logged_in_one_line(aiohttp_server, aiohttp_client, tokenizer_dir,
+                                                                        caplog):
+    """issue 31: a backend that is not SGLang made the metrics reader log a 13-line HTML page plus the
+    --enable-metrics hint."""
+    from token_proxy.app import create_app
+    from token_proxy.settings import Settings
+
+    async def answer(request):
+        if request.path == "/metrics":
+            return web.Response(status=404, body=NGINX_404, content_type="text/html")
+        if request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+        return web.json_response({"model_path": "m", "tokenizer_path": str(tokenizer_dir), "version": "0.5.17",
+                                  "incremental_streaming_output": True})
+
+    fake = web.Application()
+    for path in ("/health", "/model_info", "/server_info", "/v1/models", "/metrics"):
+        fake.router.add_get(path, answer)
+    server = await aiohttp_server(fake)
+    caplog.set_level(logging.WARNING, logger="token_proxy.ops.backend_scrape")
+    await aiohttp_client(create_app(Settings(backend_url=str(server.make_url("")).rstrip("/"),
+                                             tokenizer=str(tokenizer_dir), backend_metrics_interval_s=0.05)))
+    for _ in range(300):
+        lines = [r.getMessage() for r in caplog.records if "/metrics" in r.getMessage()]
+        if lines:
+            break
+        await asyncio.sleep(0.02)
+    assert lines == ["cannot read SGLang's /metrics: SGLang failed with HTTP 404: an HTML page titled '404 Not Found', "
+                     "not SGLang's JSON (is this URL SGLang's?); the vllm: view goes stale"]

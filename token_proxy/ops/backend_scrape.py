@@ -65,7 +65,7 @@ async def _scrape_forever(ctx, metrics: ProxyMetrics, interval: float, timeout: 
             if not warned and conn.connected is not None:
                 warned = True
                 hint = (" (start SGLang with --enable-metrics)" if "HTTP 404" in exc.message
-                        else "; the vllm: view goes stale")
+                        and "HTML page" not in exc.message else "; the vllm: view goes stale")
                 log.warning("cannot read SGLang's /metrics: %s%s", exc.message, hint)
         except Exception:  # a bad page must not end the loop
             backend.failed()

@@ -8,6 +8,8 @@ not (`loads`, `invalid_json`), and SGLang's words for an adapter a worker does n
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest, ProxyError
@@ -47,12 +49,27 @@ def invalid_json(body: bytes) -> BackendError:
     return BackendError(f"SGLang sent invalid JSON: {body[:200]!r}")
 
 
+_HTML = re.compile(r"\s*<(!doctype|html|head|body|title|h1)\b", re.IGNORECASE)
+_TITLE = re.compile(r"<title>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+
+
+def html_page(text: str) -> str | None:
+    """One line for a web server's HTML page (a backend that is not SGLang, or a proxy's error page), else None:
+    a 13-line page in a log says less than its title."""
+    if not _HTML.match(text):
+        return None
+    title = _TITLE.search(text)
+    named = f" titled {' '.join(title.group(1).split())[:80]!r}" if title else ""
+    return f"an HTML page{named}, not SGLang's JSON (is this URL SGLang's?)"
+
+
 def error_from_status(status: int, body: bytes) -> ProxyError:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = None
-    message = message_of(parsed) or body.decode("utf-8", "replace").strip() or f"HTTP {status}"
+    text = body.decode("utf-8", "replace").strip()
+    message = message_of(parsed) or (parsed is None and html_page(text)) or text or f"HTTP {status}"
     if status == 400:
         return InvalidRequest(f"SGLang rejected the request: {message}")
     if status in (502, 503):
