@@ -355,5 +355,5 @@ async def test_a_metrics_page_that_is_not_sglangs_is_logged_in_one_line(aiohttp_
         if lines:
             break
         await asyncio.sleep(0.02)
-    assert lines == ["cannot read SGLang's /metrics: SGLang failed with HTTP 404: an HTML page titled '404 Not Found', "
-                     "not SGLang's JSON (is this URL SGLang's?); the vllm: view goes stale"]
+    assert lines == [("cannot read SGLang's /metrics: SGLang failed with HTTP 404: an HTML page titled '404 Not Found', "
+                      "not SGLang's JSON (is this URL SGLang's?); the vllm: view goes stale")]
