@@ -39,8 +39,10 @@ def create_app(settings: Settings, role: Role | None = None,
     role = role or Role()
     # observe_requests first: it sees every final status, refusals by the others included; then
     # drain_deadline, which answers what is still running when SIGTERM's --shutdown-timeout passes.
-    app = web.Application(middlewares=[observe_requests, drain_deadline, openai_errors, cors_preflight,
-                                       access_control, admission_control], client_max_size=settings.max_body_bytes)
+    # cors_preflight only where CORS is on (--allowed-origins): nothing runs for it otherwise.
+    cors = [cors_preflight] if settings.allowed_origins else []
+    app = web.Application(middlewares=[observe_requests, drain_deadline, openai_errors, *cors, access_control,
+                                       admission_control], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[ROLE] = role
     if role.kind != OWNER:  # the owner's callers are the workers, which applied keys and limits
