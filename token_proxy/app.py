@@ -13,6 +13,7 @@ from token_proxy.http_io import send_response_headers
 from token_proxy.ops.access_log import adopt_library_loggers
 from token_proxy.ops.admission import ADMISSION, Admission, admission_control
 from token_proxy.ops.auth import ACCESS, AccessPolicy, access_control
+from token_proxy.ops.cors import add_cors, cors_preflight
 from token_proxy.ops.drain import add_drain, drain_deadline
 from token_proxy.ops.metrics import METRICS
 from token_proxy.ops.middleware import openai_errors
@@ -38,7 +39,9 @@ def create_app(settings: Settings, role: Role | None = None,
     role = role or Role()
     # observe_requests first: it sees every final status, refusals by the others included; then
     # drain_deadline, which answers what is still running when SIGTERM's --shutdown-timeout passes.
-    app = web.Application(middlewares=[observe_requests, drain_deadline, openai_errors, access_control,
+    # cors_preflight only where CORS is on (--allowed-origins): nothing runs for it otherwise.
+    cors = [cors_preflight] if settings.allowed_origins else []
+    app = web.Application(middlewares=[observe_requests, drain_deadline, openai_errors, *cors, access_control,
                                        admission_control], client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[ROLE] = role
@@ -51,6 +54,8 @@ def create_app(settings: Settings, role: Role | None = None,
     add_observability(app)  # after _proxy_context: the backend scrape uses its client
     add_sessions(app)  # after add_observability: its metrics go on that registry
     app.on_response_prepare.append(send_response_headers)
+    add_cors(app, settings.allowed_origins, settings.allowed_methods, settings.allowed_headers,
+             settings.allow_credentials)
     (add_planes or add_routes)(app)
     return app
 

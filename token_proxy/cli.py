@@ -44,6 +44,20 @@ def several(value: str) -> str:
     return value
 
 
+def listed(value: str) -> tuple[str, ...]:
+    """vllm serve's list flags (--allowed-origins '["https://a.example"]'): a JSON list, or a comma list."""
+    value = value.strip()
+    if value.startswith("["):
+        try:
+            items = json.loads(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}") from None
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
+        return tuple(items)
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
 def flag_bool(value: str | bool) -> bool:
     if isinstance(value, bool):
         return value
@@ -116,6 +130,14 @@ FLAG_GROUPS = (
         ("--admin-key", "admin_key", str, "require Bearer ADMIN_KEY on admin routes (prefer the env var)"),
         ("--admin-open", "admin_open", flag_bool, ("without an admin key, let non-loopback clients use admin "
          "routes")),
+        ("--allowed-origins", "allowed_origins", listed, ("CORS: origins browsers may call from, a JSON list or "
+         "comma list (\"*\": any); none: CORS off (vllm serve allows any by default)")),
+        ("--allowed-methods", "allowed_methods", listed, "CORS: methods a preflight allows (\"*\": any)"),
+        ("--allowed-headers", "allowed_headers", listed, "CORS: headers a preflight allows (\"*\": any)"),
+        ("--allow-credentials", "allow_credentials", flag_bool, "CORS: let browsers send credentials"),
+        ("--ssl-certfile", "ssl_certfile", str, "TLS on the proxy's port: the server certificate (PEM)"),
+        ("--ssl-keyfile", "ssl_keyfile", str, "TLS: its private key (PEM), if not in the certificate file"),
+        ("--ssl-ca-certs", "ssl_ca_certs", str, "TLS: CA bundle for client certificates (then required)"),
         ("--sglang-api-key", "sglang_api_key", str, ("SGLang's own --api-key, sent on every call to SGLang "
          "(clients' keys never are; prefer the env var)")),
     )),
@@ -206,7 +228,8 @@ UNSET_MEANS = {
     "sglang_api_key": "none",
     "tool_call_parser": "the one the chat template names", "reasoning_parser": "none",
 }
-_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME"}
+_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME",
+             listed: "LIST"}
 
 
 def _shown_default(field: str, value) -> str:
@@ -443,6 +466,16 @@ def check_tokenizer_path(path: str | None) -> None:
         raise StartupError(problem)
 
 
+def check_tls(settings: Settings) -> None:
+    """--ssl-* files that make no TLS context stop start-up here, in one line."""
+    from token_proxy.serving.tls import server_ssl_context
+
+    try:
+        server_ssl_context(settings)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def read_chat_template(value: str | None) -> str | None:
     """--chat-template: a file's text, or the value itself when it is a template (vLLM reads it the same way:
     a path if one exists, else the template). A value that looks like a path but names no file is a typo."""
@@ -486,6 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_tokenizer_path(settings.tokenizer)
         settings = dataclasses.replace(settings, chat_template=read_chat_template(settings.chat_template))
+        check_tls(settings)
         # Before anything starts: a busy port fails first. With --workers N the workers bind it
         # (SO_REUSEPORT); this socket only claims it (and resolves port 0) meanwhile.
         several = settings.api_workers > 1

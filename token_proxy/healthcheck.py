@@ -5,6 +5,7 @@ else listens on 8000). Exit 0: healthy; 1: not (the reason on stderr)."""
 
 from __future__ import annotations
 
+import ssl
 import sys
 import urllib.request
 from pathlib import Path
@@ -31,13 +32,16 @@ def health_url(argv: list[str], environ: dict[str, str]) -> str:
     settings = parse_settings(argv, environ)
     host = WILDCARDS.get(settings.host, settings.host)
     host = f"[{host}]" if ":" in host else host
-    return f"http://{host}:{settings.port}/health"
+    scheme = "https" if settings.ssl_certfile else "http"
+    return f"{scheme}://{host}:{settings.port}/health"
 
 
 def main(pid: int = 1) -> int:
     url = health_url(*proxy_argv_env(pid))
+    # The proxy's own certificate, on loopback: whether it is valid is not this check's question.
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url, timeout=4) as resp:
+        with urllib.request.urlopen(url, timeout=4, context=context) as resp:
             return 0 if resp.status == 200 else 1
     except OSError as exc:
         sys.stderr.write(f"{url}: {exc}\n")

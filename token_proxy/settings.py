@@ -103,6 +103,15 @@ class Settings:
     api_key: str | tuple[str, ...] | None = field(default=None, repr=False)  # several: any of them
     admin_key: str | None = field(default=None, repr=False)
     admin_open: bool = False
+    # CORS for browser clients (vllm serve's flags; off unless origins are given: ops/cors.py says why).
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    # TLS for the proxy's own port (vllm serve's --ssl-keyfile / --ssl-certfile / --ssl-ca-certs).
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
     # SGLang's own --api-key: sent as `Authorization: Bearer <key>` on every call to SGLang (never the client's).
     sglang_api_key: str | None = field(default=None, repr=False)
     # Tool calls and reasoning on the chat path (vLLM 0.33's flags). tool_call_parser: a TOOL_PARSERS

@@ -27,6 +27,7 @@ def test_the_flag_wins_over_the_image_env():
         "http://127.0.0.1:8001/health"
     assert health_url(["--host", "::", "--port=7"], {}) == "http://[::1]:7/health"
     assert health_url(["--host", "10.1.2.3"], {}) == "http://10.1.2.3:8000/health"
+    assert health_url(["--ssl-certfile", "/c.pem"], {}) == "https://127.0.0.1:8000/health"
 
 
 def test_argv_and_env_are_read_from_the_proxy_process(tmp_path):

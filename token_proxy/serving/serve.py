@@ -56,6 +56,7 @@ def serve(settings: Settings, sock: socket.socket, role=None, listen_when_ready:
 
     from token_proxy.app import create_app
     from token_proxy.ops.drain import SERVER_GRACE_S
+    from token_proxy.serving.tls import scheme, server_ssl_context
     from token_proxy.state import CONTEXT, ON_FATAL
 
     # Every stream event allocates a few short-lived dicts; the default gen-0 threshold (700) would run
@@ -81,15 +82,15 @@ def serve(settings: Settings, sock: socket.socket, role=None, listen_when_ready:
     app.on_shutdown.append(say_shutting_down)
     if listen_when_ready:
         app.on_startup.append(until_ready)  # after the cleanup contexts (CONTEXT): run_app listens after it
-        log.info("token-proxy%s: listening on http://%s:%d/v1 once SGLang at %s is connected", worker,
-                 settings.host, port, settings.backend_url)
+        log.info("token-proxy%s: listening on %s://%s:%d/v1 once SGLang at %s is connected", worker,
+                 scheme(settings), settings.host, port, settings.backend_url)
     else:
-        log.info("token-proxy listening on http://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
-                 settings.host, port, worker, settings.backend_url)
+        log.info("token-proxy listening on %s://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
+                 scheme(settings), settings.host, port, worker, settings.backend_url)
     # aiohttp's own timeout is a backstop: at --shutdown-timeout each request still running answers an
     # error (ops/drain.py) and ends.
     web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s + SERVER_GRACE_S,
-                access_log=None, print=None, loop=new_event_loop())
+                access_log=None, print=None, loop=new_event_loop(), ssl_context=server_ssl_context(settings))
     if fatal:  # already logged, in one line, where it was found
         logging.shutdown()
         raise SystemExit(2)
