@@ -101,4 +101,13 @@ def test_sampling_params_are_vllms_non_default_fields():
         "structured_outputs": {"json": None, "regex": "a|b", "choice": None, "grammar": None, "json_object": None,
                                "disable_any_whitespace": False, "disable_additional_properties": False,
                                "whitespace_pattern": None, "structural_tag": None},
-        "logit_bias": {5: 1.0}, "bad_words": [], "skip_reading_prefix_cache": True}
+        "logit_bias": {"5": 1.0}, "bad_words": [], "skip_reading_prefix_cache": True}
+
+
+async def test_render_with_logit_bias_answers_json(proxy):
+    """schemathesis found a 500: the render's logit_bias kept int keys, which JSON cannot write."""
+    response = await proxy.post("/v1/chat/completions/render", json={
+        "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"151277": -5.0, "7": 1.5}})
+    body = await response.json()
+    assert response.status == 200, body
+    assert body["sampling_params"]["logit_bias"] == {"151277": -5.0, "7": 1.5}

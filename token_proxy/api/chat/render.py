@@ -93,7 +93,8 @@ def vllm_sampling_params(s: SamplingRequest, max_tokens: int, stream: bool) -> d
         ("output_text_buffer_length",
          max(len(x) for x in stop) - 1 if stop and not s.include_stop_str_in_output else 0, 0),
         ("structured_outputs", structured_outputs(s.constraint), None),
-        ("logit_bias", {int(k): v for k, v in s.logit_bias.items()} if s.logit_bias else None, None),
+        # vLLM's dict[int, float], as its JSON writes it: the token ids as strings
+        ("logit_bias", {str(int(k)): v for k, v in s.logit_bias.items()} if s.logit_bias else None, None),
         ("bad_words", [], None),
         ("skip_reading_prefix_cache", s.prompt_logprobs is not None, None),
     ]
