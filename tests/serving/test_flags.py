@@ -114,7 +114,12 @@ def test_a_chat_template_flag_reads_its_file_or_takes_the_template(tmp_path):
         read_chat_template("/no/such.jinja")
 
 
-async def test_the_chat_template_flag_renders_every_chat(make_sim, make_proxy):
+async def test_the_chat_template_flag_renders_every_chat(make_sim, make_proxy, monkeypatch, tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    # A tokenizer of its own: the flag sets its chat template, and the suite's shared one must keep its own.
+    own = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    monkeypatch.setattr("token_proxy.sglang.discovery.load_tokenizer", lambda path: own)
     sim = await make_sim()
     proxy = await make_proxy(sim, chat_template="{% for m in messages %}<<{{ m.content }}>>{% endfor %}")
     response = await proxy.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}],
