@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy import __version__
-from token_proxy.admin import removed_routes, vllm_rl
-from token_proxy.admin import routes as prime_rl
+from token_proxy.admin import prime_rl, removed_routes, vllm_rl
 from token_proxy.admin.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
-from token_proxy.admin.routes import add_admin_state
+from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.endpoint import (
     chat_completions,
     chat_completions_render,
@@ -134,7 +133,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
     Route("/version", GET, version, OPS),
     Route("/metrics", GET, metrics_endpoint, OPS, quiet=True),
-    # --- prime-rl's admin plane (admin/routes.py); /pause, /resume, /update_weights speak vLLM's too ---
+    # --- prime-rl's admin plane (admin/prime_rl.py); /pause, /resume, /update_weights speak vLLM's too ---
     _admin("/pause", POST, prime_rl.pause, PRIME_RL),
     _admin("/resume", POST, prime_rl.resume, PRIME_RL),
     _admin("/update_weights", POST, prime_rl.update_weights, PRIME_RL, weight_update=True),

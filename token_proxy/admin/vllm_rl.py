@@ -547,6 +547,6 @@ def _object(value, param: str) -> dict:
 
 def add_vllm_rl_state(app: web.Application) -> None:
     """The state vLLM's routes share (their rows are in token_proxy/routes.py; /pause, /resume and
-    /update_weights are admin/routes.py's, both dialects)."""
+    /update_weights are admin/prime_rl.py's, both dialects)."""
     app[VLLM_RL] = VllmRlState()
 
