@@ -42,7 +42,7 @@ from token_proxy.sglang.pause import PRIME_RL, VLLM
 from token_proxy.state import CONTEXT
 
 # Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
-# (a worker forwards it there over the owner's socket: serving/worker_app.py).
+# (a worker forwards it there over the owner's socket: serving/process_app.py).
 LOCAL, OWNER = "local", "owner"
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
 SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)

@@ -1,4 +1,4 @@
-"""A --workers data-plane process's admin side: every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
+"""A data-plane serving process's admin side (`--workers N`; a proxy process, not an SGLang worker): every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
 its Unix socket (the same routes as one process serves, so labels, 404s and 405s match), the LoRA map
 is mirrored (adapter_sync.py), so is the fleet's weight-version record (fleet_mirror.py), and /metrics appends the owner's block (metrics_block.py)."""
 
