@@ -13,6 +13,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, NotFound
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
+from token_proxy.lora.resolve import register_resolver
 from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
@@ -91,7 +92,8 @@ async def _worker_state(app: web.Application):
         app[CONTROL_SESSION] = session
         app[EXTRA_METRICS] = fetch_owner_block
         registry = app[ADAPTERS] = AdapterRegistry()
-        app[LORA] = RemoteLora(session)
+        reloads = app[LORA] = RemoteLora(session)
+        register_resolver(app, registry, reloads)
         follower = AdapterFollower(session, role.index, registry)
 
         def learn(backend) -> None:
