@@ -24,3 +24,13 @@ With N > 1 the `token-proxy` process is a supervisor (supervisor.py) and serves 
 - SIGTERM / SIGINT to the supervisor: every worker stops accepting and drains (--shutdown-timeout),
   then the owner and the simulator stop; exit 0. A worker that dies ends the whole proxy (exit 1).
 """
+
+from token_proxy.faces import door
+
+__all__ = ["add_owner_planes", "add_worker_planes", "serve_workers"]
+
+__getattr__ = door(__name__, {
+    "add_owner_planes": "serve",
+    "add_worker_planes": "serve",
+    "serve_workers": "supervisor",
+})
