@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy import __version__
-from token_proxy.admin import prime_rl, removed_routes, vllm_rl
+from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
 from token_proxy.admin.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
@@ -140,7 +140,7 @@ ROUTES: tuple[Route, ...] = (
     _admin("/reload_weights", POST, prime_rl.reload_weights, PRIME_RL, weight_update=True),
     _admin("/init_broadcaster", POST, prime_rl.init_broadcaster, PRIME_RL),
     _admin("/liveness", GET, prime_rl.liveness, PRIME_RL, kind=OPS),  # asks every worker
-    # --- vLLM 0.33's RL admin API (admin/vllm_rl.py) ---
+    # --- vLLM 0.33's RL admin API (admin/vllm_rl.py; its weight transfer: admin/vllm_weights.py) ---
     _admin("/is_paused", GET, vllm_rl.is_paused, VLLM),
     _admin("/abort_requests", POST, vllm_rl.abort_requests, VLLM),
     _admin("/sleep", POST, vllm_rl.sleep, VLLM),
@@ -148,15 +148,15 @@ ROUTES: tuple[Route, ...] = (
     _admin("/is_sleeping", GET, vllm_rl.is_sleeping, VLLM),
     _admin("/release_kv_cache_memory", POST, vllm_rl.release_kv_cache_memory, VLLM),
     _admin("/reset_prefix_cache", POST, vllm_rl.reset_prefix_cache, VLLM),
-    _admin("/init_weight_transfer_engine", POST, vllm_rl.init_weight_transfer_engine, VLLM),
-    _admin("/shutdown_weight_transfer_engine", POST, vllm_rl.shutdown_weight_transfer_engine, VLLM),
-    _admin("/start_weight_update", POST, vllm_rl.start_weight_update, VLLM),
-    _admin("/start_draft_weight_update", POST, vllm_rl.start_draft_weight_update, VLLM),
-    _admin("/finish_weight_update", POST, vllm_rl.finish_weight_update, VLLM),
-    _admin("/weight_info", GET, vllm_rl.weight_info, VLLM),
-    _admin("/weight_checker", POST, vllm_rl.weight_checker, VLLM),
-    _admin("/get_world_size", GET, vllm_rl.get_world_size, VLLM),
-    _admin("/collective_rpc", POST, vllm_rl.collective_rpc, VLLM),
+    _admin("/init_weight_transfer_engine", POST, vllm_weights.init_weight_transfer_engine, VLLM),
+    _admin("/shutdown_weight_transfer_engine", POST, vllm_weights.shutdown_weight_transfer_engine, VLLM),
+    _admin("/start_weight_update", POST, vllm_weights.start_weight_update, VLLM),
+    _admin("/start_draft_weight_update", POST, vllm_weights.start_draft_weight_update, VLLM),
+    _admin("/finish_weight_update", POST, vllm_weights.finish_weight_update, VLLM),
+    _admin("/weight_info", GET, vllm_weights.weight_info, VLLM),
+    _admin("/weight_checker", POST, vllm_weights.weight_checker, VLLM),
+    _admin("/get_world_size", GET, vllm_weights.get_world_size, VLLM),
+    _admin("/collective_rpc", POST, vllm_weights.collective_rpc, VLLM),
     # --- LoRA, one registry behind both dialects (lora/routes.py) ---
     _admin("/v1/load_lora_adapter", POST, lora.load_v1, VLLM),
     _admin("/v1/unload_lora_adapter", POST, lora.unload_v1, VLLM),
