@@ -1,9 +1,10 @@
 """The inference pipeline every endpoint runs (chat, chat/tokens, completions, generate), and the one
 conductor of its steps (ARCHITECTURE.md's numbering):
 
-parse (the endpoint's) -> `prepare`: resolve model, seed rule, prompt ids (the endpoint's), limits,
-response id -> SGLang payload -> call, streamed or not -> output rules (one step for every endpoint)
--> format (the endpoint's). Render (/v1/chat/completions/render) runs `prepare` too and stops there.
+6 parse (the endpoint's) -> 7 `prepare`: 7a resolve model, 7b seed rule, 7c prompt ids (the endpoint's),
+7d limits, 7e response id; then the SGLang payload -> 8 call, streamed or not -> 9 output rules (one step
+for every endpoint) -> 10 format (the endpoint's). Render (/v1/chat/completions/render) runs `prepare`
+too and stops there.
 
 It imports no feature: a name other than the served model is resolved by the hook a feature registers
 on the app at start-up (`MODEL_RESOLVER`; lora/ registers the adapter lookup).
@@ -33,7 +34,7 @@ GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"
 
 
-# ---- step 2: which model serves the request: the served model, or what a registered resolver finds
+# ---- step 7a: which model serves the request: the served model, or what a registered resolver finds
 
 class Hold(Protocol):
     """A request's hold on what its model needs (a LoRA adapter's version), released when it ends."""
@@ -81,7 +82,7 @@ async def resolve_target(app: web.Application, ctx: ProxyContext, requested: str
     return await resolver(requested)
 
 
-# ---- steps 2-5, shared by every endpoint and by render
+# ---- steps 7a-7e (`prepare`), shared by every endpoint and by render
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
