@@ -27,13 +27,16 @@ discard the weights, which is level 2); any level >= 1 without --enable-memory-s
 be a no-op); an ncclUniqueId rendezvous; vLLM's packed broadcast buffers; CUDA IPC handles; draft-model
 updates; reset_running_requests / reset_external; any other collective_rpc method.
 
-Dialects. POST /pause and POST /update_weights are also prime-rl's (routes.py), told apart thus:
+Dialects. POST /pause and POST /update_weights are also prime-rl's (prime_rl.py), told apart thus:
 - /pause is vLLM's when its query string names `mode` or `clear_cache` (vLLM reads only the query);
   a bare POST /pause, or one with a JSON body, is prime-rl's (keep in-flight requests, --pause-mode).
   So a bare POST means prime-rl's keep, not vLLM's default abort: vLLM clients that want abort say so.
 - /update_weights is vLLM's when the body has `update_info`; otherwise prime-rl's (`weight_dir`: a
   directory to load, or null: an NCCL push).
 Every NCCL step, in either dialect, answers 409 at once when no weight-update group is live.
+
+This module serves pause, sleep and the cache rows; the weight-transfer rows (init / shutdown, the
+update steps, weight_info, weight_checker, get_world_size, collective_rpc) are vllm_weights.py's.
 """
 
 from __future__ import annotations
