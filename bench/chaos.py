@@ -492,7 +492,7 @@ async def fault_worker_kill(session, env: Env, ledger: Ledger) -> None:
     if env.proxy is None or env.workers < 2:
         return
     worker = next((pid for pid, cmd in children(env.proxy.pid).items()
-                   if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1"), None)
+                   if "token_proxy.serving.process" in cmd and cmd.split()[-1] == "1"), None)
     if worker is not None:
         ledger.kills.append(asyncio.get_running_loop().time())
         os.kill(worker, signal.SIGKILL)

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy import __version__
-from token_proxy.admin import removed_routes, vllm_rl
-from token_proxy.admin import routes as prime_rl
+from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
 from token_proxy.admin.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
-from token_proxy.admin.routes import add_admin_state
+from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.endpoint import (
     chat_completions,
     chat_completions_render,
@@ -43,7 +42,7 @@ from token_proxy.sglang.pause import PRIME_RL, VLLM
 from token_proxy.state import CONTEXT
 
 # Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
-# (a worker forwards it there over the owner's socket: serving/worker_app.py).
+# (a worker forwards it there over the owner's socket: serving/process_app.py).
 LOCAL, OWNER = "local", "owner"
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
 SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)
@@ -134,14 +133,14 @@ ROUTES: tuple[Route, ...] = (
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
     Route("/version", GET, version, OPS),
     Route("/metrics", GET, metrics_endpoint, OPS, quiet=True),
-    # --- prime-rl's admin plane (admin/routes.py); /pause, /resume, /update_weights speak vLLM's too ---
+    # --- prime-rl's admin plane (admin/prime_rl.py); /pause, /resume, /update_weights speak vLLM's too ---
     _admin("/pause", POST, prime_rl.pause, PRIME_RL),
     _admin("/resume", POST, prime_rl.resume, PRIME_RL),
     _admin("/update_weights", POST, prime_rl.update_weights, PRIME_RL, weight_update=True),
     _admin("/reload_weights", POST, prime_rl.reload_weights, PRIME_RL, weight_update=True),
     _admin("/init_broadcaster", POST, prime_rl.init_broadcaster, PRIME_RL),
     _admin("/liveness", GET, prime_rl.liveness, PRIME_RL, kind=OPS),  # asks every worker
-    # --- vLLM 0.33's RL admin API (admin/vllm_rl.py) ---
+    # --- vLLM 0.33's RL admin API (admin/vllm_rl.py; its weight transfer: admin/vllm_weights.py) ---
     _admin("/is_paused", GET, vllm_rl.is_paused, VLLM),
     _admin("/abort_requests", POST, vllm_rl.abort_requests, VLLM),
     _admin("/sleep", POST, vllm_rl.sleep, VLLM),
@@ -149,15 +148,15 @@ ROUTES: tuple[Route, ...] = (
     _admin("/is_sleeping", GET, vllm_rl.is_sleeping, VLLM),
     _admin("/release_kv_cache_memory", POST, vllm_rl.release_kv_cache_memory, VLLM),
     _admin("/reset_prefix_cache", POST, vllm_rl.reset_prefix_cache, VLLM),
-    _admin("/init_weight_transfer_engine", POST, vllm_rl.init_weight_transfer_engine, VLLM),
-    _admin("/shutdown_weight_transfer_engine", POST, vllm_rl.shutdown_weight_transfer_engine, VLLM),
-    _admin("/start_weight_update", POST, vllm_rl.start_weight_update, VLLM),
-    _admin("/start_draft_weight_update", POST, vllm_rl.start_draft_weight_update, VLLM),
-    _admin("/finish_weight_update", POST, vllm_rl.finish_weight_update, VLLM),
-    _admin("/weight_info", GET, vllm_rl.weight_info, VLLM),
-    _admin("/weight_checker", POST, vllm_rl.weight_checker, VLLM),
-    _admin("/get_world_size", GET, vllm_rl.get_world_size, VLLM),
-    _admin("/collective_rpc", POST, vllm_rl.collective_rpc, VLLM),
+    _admin("/init_weight_transfer_engine", POST, vllm_weights.init_weight_transfer_engine, VLLM),
+    _admin("/shutdown_weight_transfer_engine", POST, vllm_weights.shutdown_weight_transfer_engine, VLLM),
+    _admin("/start_weight_update", POST, vllm_weights.start_weight_update, VLLM),
+    _admin("/start_draft_weight_update", POST, vllm_weights.start_draft_weight_update, VLLM),
+    _admin("/finish_weight_update", POST, vllm_weights.finish_weight_update, VLLM),
+    _admin("/weight_info", GET, vllm_weights.weight_info, VLLM),
+    _admin("/weight_checker", POST, vllm_weights.weight_checker, VLLM),
+    _admin("/get_world_size", GET, vllm_weights.get_world_size, VLLM),
+    _admin("/collective_rpc", POST, vllm_weights.collective_rpc, VLLM),
     # --- LoRA, one registry behind both dialects (lora/routes.py) ---
     _admin("/v1/load_lora_adapter", POST, lora.load_v1, VLLM),
     _admin("/v1/unload_lora_adapter", POST, lora.unload_v1, VLLM),

@@ -143,50 +143,80 @@ class Settings:
     simulator: bool = False
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"--port must be in 0..65535, got {self.port}")
-        if not 1 <= self.api_workers <= 256:
-            raise ValueError(f"--workers must be in 1..256, got {self.api_workers}")
-        if self.tokenizer_threads < 1:
-            raise ValueError("--tokenizer-threads must be >= 1")
-        if self.prompt_cache_size < 0 or self.prompt_cache_bytes < 0:
-            raise ValueError("--prompt-cache-size and --prompt-cache-bytes must be >= 0 (0: no prompt cache)")
-        if self.context_length is not None and self.context_length < 1:
-            raise ValueError("--context-length must be >= 1")
-        if not 0 <= self.stream_coalesce_ms <= 1000:
-            raise ValueError(f"--stream-coalesce-ms must be in 0..1000 milliseconds, got {self.stream_coalesce_ms:g}")
-        if self.stream_idle_timeout_s and self.stream_coalesce_ms / 1000 >= self.stream_idle_timeout_s:
-            raise ValueError(f"--stream-coalesce-ms {self.stream_coalesce_ms:g} must stay under --stream-idle-timeout "
-                             f"({self.stream_idle_timeout_s:g} s): a held read would count as SGLang's silence")
-        if self.backend_wait_s < 0:
-            raise ValueError(f"--backend-wait must be >= 0 seconds, got {self.backend_wait_s:g}")
-        if self.request_timeout_s <= 0 or self.connect_timeout_s <= 0:
-            raise ValueError("timeouts must be positive")
-        if not 0 < self.backend_keepalive_s <= 3600:
-            raise ValueError(f"--backend-keepalive must be in (0, 3600] seconds and under SGLang's "
-                             f"SGLANG_TIMEOUT_KEEP_ALIVE (default 5), got {self.backend_keepalive_s:g}")
-        if min(self.max_concurrent_requests, self.max_queued_requests, self.max_body_bytes) < 1:
-            raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
-        if self.backend_url and not self.backend_url.startswith(("http://", "https://")):
-            raise ValueError(f"--backend must be an http(s) URL such as http://127.0.0.1:30000, "
-                             f"got {self.backend_url!r}")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
-            raise ValueError(f"--log-level must be debug, info, warning or error, got {self.log_level!r}")
-        if self.log_format not in ("text", "json"):
-            raise ValueError(f"--log-format must be text or json, got {self.log_format!r}")
-        if self.backend_metrics_interval_s < 0 or self.backend_metrics_stale_s <= 0:
-            raise ValueError("backend metrics interval must be >= 0 and staleness > 0")
-        if self.tool_call_streaming not in ("fragments", "whole"):
-            raise ValueError(f"--tool-call-streaming must be fragments or whole, got {self.tool_call_streaming!r}")
-        if self.pause_mode not in SGLANG_PAUSE_MODES:
-            raise ValueError(f"--pause-mode must be {one_of(SGLANG_PAUSE_MODES)}, got {self.pause_mode!r}")
-        if min(self.admin_timeout_s, self.weight_update_timeout_s, self.init_group_timeout_s) <= 0:
-            raise ValueError("admin timeouts must be positive")
-        if self.fence_interval_s < 0 or self.stale_reply_tries < 0:
-            raise ValueError("--fence-interval and --stale-reply-tries must be >= 0 (0: off)")
+        """Each group's checks in turn; the first problem is a one-line ValueError naming the flag."""
+        _check_process(self)
+        _check_streams(self)
+        _check_backend(self)
+        _check_logs(self)
+        _check_admin(self)
         _check_tool_flags(self)
-        if self.session_ttl_s <= 0 or self.session_max_bytes < 0 or self.session_max_count < 1:
-            raise ValueError("--session-ttl must be > 0, --session-max-bytes >= 0 and --session-max-count >= 1")
+        _check_sessions(self)
+
+
+def _check_process(settings: Settings) -> None:
+    """The process: its port, --workers, tokenizer threads, prompt cache and context length."""
+    if not 0 <= settings.port <= 65535:
+        raise ValueError(f"--port must be in 0..65535, got {settings.port}")
+    if not 1 <= settings.api_workers <= 256:
+        raise ValueError(f"--workers must be in 1..256, got {settings.api_workers}")
+    if settings.tokenizer_threads < 1:
+        raise ValueError("--tokenizer-threads must be >= 1")
+    if settings.prompt_cache_size < 0 or settings.prompt_cache_bytes < 0:
+        raise ValueError("--prompt-cache-size and --prompt-cache-bytes must be >= 0 (0: no prompt cache)")
+    if settings.context_length is not None and settings.context_length < 1:
+        raise ValueError("--context-length must be >= 1")
+
+
+def _check_streams(settings: Settings) -> None:
+    """Streams: the coalescing window stays under the idle timeout."""
+    if not 0 <= settings.stream_coalesce_ms <= 1000:
+        raise ValueError(f"--stream-coalesce-ms must be in 0..1000 milliseconds, got {settings.stream_coalesce_ms:g}")
+    if settings.stream_idle_timeout_s and settings.stream_coalesce_ms / 1000 >= settings.stream_idle_timeout_s:
+        raise ValueError(f"--stream-coalesce-ms {settings.stream_coalesce_ms:g} must stay under --stream-idle-timeout "
+                         f"({settings.stream_idle_timeout_s:g} s): a held read would count as SGLang's silence")
+
+
+def _check_backend(settings: Settings) -> None:
+    """SGLang: the wait, timeouts, keep-alive, admission limits and the URL."""
+    if settings.backend_wait_s < 0:
+        raise ValueError(f"--backend-wait must be >= 0 seconds, got {settings.backend_wait_s:g}")
+    if settings.request_timeout_s <= 0 or settings.connect_timeout_s <= 0:
+        raise ValueError("timeouts must be positive")
+    if not 0 < settings.backend_keepalive_s <= 3600:
+        raise ValueError(f"--backend-keepalive must be in (0, 3600] seconds and under SGLang's "
+                         f"SGLANG_TIMEOUT_KEEP_ALIVE (default 5), got {settings.backend_keepalive_s:g}")
+    if min(settings.max_concurrent_requests, settings.max_queued_requests, settings.max_body_bytes) < 1:
+        raise ValueError("max_concurrent_requests, max_queued_requests and max_body_bytes must be >= 1")
+    if settings.backend_url and not settings.backend_url.startswith(("http://", "https://")):
+        raise ValueError(f"--backend must be an http(s) URL such as http://127.0.0.1:30000, "
+                         f"got {settings.backend_url!r}")
+
+
+def _check_logs(settings: Settings) -> None:
+    """Logs and the scrape of SGLang's /metrics."""
+    if settings.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ValueError(f"--log-level must be debug, info, warning or error, got {settings.log_level!r}")
+    if settings.log_format not in ("text", "json"):
+        raise ValueError(f"--log-format must be text or json, got {settings.log_format!r}")
+    if settings.backend_metrics_interval_s < 0 or settings.backend_metrics_stale_s <= 0:
+        raise ValueError("backend metrics interval must be >= 0 and staleness > 0")
+
+
+def _check_admin(settings: Settings) -> None:
+    """Tool-call streaming, the pause mode, admin timeouts, the fence and stale replies."""
+    if settings.tool_call_streaming not in ("fragments", "whole"):
+        raise ValueError(f"--tool-call-streaming must be fragments or whole, got {settings.tool_call_streaming!r}")
+    if settings.pause_mode not in SGLANG_PAUSE_MODES:
+        raise ValueError(f"--pause-mode must be {one_of(SGLANG_PAUSE_MODES)}, got {settings.pause_mode!r}")
+    if min(settings.admin_timeout_s, settings.weight_update_timeout_s, settings.init_group_timeout_s) <= 0:
+        raise ValueError("admin timeouts must be positive")
+    if settings.fence_interval_s < 0 or settings.stale_reply_tries < 0:
+        raise ValueError("--fence-interval and --stale-reply-tries must be >= 0 (0: off)")
+
+
+def _check_sessions(settings: Settings) -> None:
+    if settings.session_ttl_s <= 0 or settings.session_max_bytes < 0 or settings.session_max_count < 1:
+        raise ValueError("--session-ttl must be > 0, --session-max-bytes >= 0 and --session-max-count >= 1")
 
 
 def _check_tool_flags(settings: Settings) -> None:

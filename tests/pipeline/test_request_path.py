@@ -84,3 +84,13 @@ async def test_a_plain_chat_runs_the_modules_architecture_lists(traced_proxy):
 async def test_a_plain_chat_runs_at_most_15_modules(traced_proxy):
     client, probe = traced_proxy
     assert len(await modules_run(client, probe, "handler", False)) <= TARGET
+
+
+def test_every_path_architecture_names_exists():
+    """Issue 29: every `dir/....py` path ARCHITECTURE.md names (relative to token_proxy/, or to the repository
+    for tests/ and bench/) is a real file, so the map never sends a newcomer to a renamed module."""
+    root = ARCHITECTURE.parent
+    named = set(re.findall(r"(?<![\w<>/.-])((?:[\w-]+/)+[\w-]+\.py)\b", ARCHITECTURE.read_text()))
+    missing = sorted(path for path in named
+                     if not (PACKAGE / path).is_file() and not (root / path).is_file())
+    assert len(named) > 60 and missing == []

@@ -141,7 +141,7 @@ def test_a_busy_port_fails_at_once_even_for_another_workers_proxy(proxy):
 def test_the_simulator_starts_once_and_two_workers_serve(proxy):
     kids = list(children(proxy.proc.pid).values())
     assert len([k for k in kids if "-m token_proxy.simulator" in k]) == 1, kids
-    assert len([k for k in kids if "-m token_proxy.serving.worker" in k]) == 2, kids
+    assert len([k for k in kids if "-m token_proxy.serving.process" in k]) == 2, kids
 
 
 async def test_requests_spread_over_both_workers_and_metrics_count_each_once(proxy):
@@ -398,7 +398,7 @@ def test_a_killed_worker_is_started_again_and_joins_the_port_only_once_ready(tok
 
     def worker_one() -> int | None:
         return next((pid for pid, cmd in children(proc.pid).items()
-                     if "token_proxy.serving.worker" in cmd and cmd.split()[-1] == "1"), None)
+                     if "token_proxy.serving.process" in cmd and cmd.split()[-1] == "1"), None)
 
     def served_by_worker_one_since(lines: int) -> int:
         return sum(1 for line in proxy.access()[lines:] if line["worker"] == 1 and line["status"] == 200)

@@ -1,7 +1,7 @@
 """A data-path request on a LoRA adapter a worker lost (it restarted): re-load, then send once more.
 
 The pipeline needs only this rule of LoRA's admin side (lora/workers.py loads and syncs; a worker
-process asks its owner, serving/worker_app.py): whatever re-loads is passed in.
+process asks its owner, serving/process_app.py): whatever re-loads is passed in.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.metrics import AdapterCollector
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
+from token_proxy.lora.resolve import register_resolver
 from token_proxy.lora.sync import MAP_PUBLISHED
 from token_proxy.lora.workers import LORA, LoraAdmin
 from token_proxy.sglang.workers import WORKERS
@@ -99,6 +100,7 @@ async def _lora_admin(app: web.Application):
     ctx = app[CONTEXT]
     registry = app[ADAPTERS] = AdapterRegistry()
     admin = app[LORA] = LoraAdmin(plane=app[WORKERS], registry=registry)
+    register_resolver(app, registry, admin)
     registry.on_idle = admin.retire_later
     if REGISTER_COLLECTOR in app:
         app[REGISTER_COLLECTOR](AdapterCollector(registry))

@@ -1,4 +1,37 @@
-"""The inference pipeline (see ARCHITECTURE.md): run_pipeline(request, endpoint) and its hooks.
+"""The inference pipeline, the one conductor of a request's steps (ARCHITECTURE.md's numbering):
+`prepare` and `run_pipeline` (run.py), the SGLang call (call.py), the output rules (output_rules.py),
+the stream's frames (stream_frames.py), per-request stats (request_state.py), the parsed request
+(job.py) and the fleet's weight versions (fleet_versions.py). It imports no feature: features hook in
+(MODEL_RESOLVER)."""
 
-Import names from the modules that define them (a package face that imports its
-modules makes import cycles)."""
+from token_proxy.faces import door
+
+__all__ = [
+    "MODEL_RESOLVER",
+    "Endpoint",
+    "Formatter",
+    "Job",
+    "ModelTarget",
+    "Output",
+    "RequestStats",
+    "ResponseMeta",
+    "Usage",
+    "prepare",
+    "run_pipeline",
+    "stats_of",
+]
+
+__getattr__ = door(__name__, {
+    "MODEL_RESOLVER": "run",
+    "Endpoint": "run",
+    "Formatter": "run",
+    "Job": "job",
+    "ModelTarget": "run",
+    "Output": "output_rules",
+    "RequestStats": "request_state",
+    "ResponseMeta": "output_rules",
+    "Usage": "output_rules",
+    "prepare": "run",
+    "run_pipeline": "run",
+    "stats_of": "request_state",
+})

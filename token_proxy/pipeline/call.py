@@ -1,4 +1,5 @@
-"""Step 6-7 of the pipeline: the /generate call to SGLang, streamed or not, through the output rules.
+"""Steps 8-9 of the pipeline (ARCHITECTURE.md's numbering): the /generate call to SGLang, streamed or not,
+through the output rules.
 
 A client that leaves (or a timeout) aborts the SGLang request: nothing generates for nobody.
 """

@@ -238,13 +238,11 @@ class OutputRules:
                 return None
             state = self._choices[index]
             finish = meta.get("finish_reason")
-        cached = meta.get("cached_tokens")
-        if cached:
-            self.cached_tokens = cached
-        if "weight_version" in meta:
-            version = self.weight_version = meta["weight_version"]
-        else:
-            version = None
+        # Written without branches (the complexity this per-token function may spend is on its rules):
+        # a truthy cached_tokens replaces the count; a weight_version key, even null, replaces the version.
+        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
+        version = meta.get("weight_version")
+        self.weight_version = version if "weight_version" in meta else self.weight_version
         ids = event.get("output_ids") or _NO_ITEMS
         logprobs = meta.get("output_token_logprobs")
         if logprobs:  # the top rows come with them (SGLang's top_logprobs_num needs return_logprob)

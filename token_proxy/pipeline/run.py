@@ -1,12 +1,19 @@
-"""The inference pipeline every endpoint runs (chat, chat/tokens, completions, generate):
+"""The inference pipeline every endpoint runs (chat, chat/tokens, completions, generate), and the one
+conductor of its steps (ARCHITECTURE.md's numbering):
 
-parse (the endpoint's) -> resolve model -> prompt ids (the endpoint's) -> limits -> SGLang payload
--> call, streamed or not -> output rules (one step for every endpoint) -> format (the endpoint's).
+6 parse (the endpoint's) -> 7 `prepare`: 7a resolve model, 7b seed rule, 7c prompt ids (the endpoint's),
+7d limits, 7e response id; then the SGLang payload -> 8 call, streamed or not -> 9 output rules (one step
+for every endpoint) -> 10 format (the endpoint's). Render (/v1/chat/completions/render) runs `prepare`
+too and stops there.
+
+It imports no feature: a name other than the served model is resolved by the hook a feature registers
+on the app at start-up (`MODEL_RESOLVER`; lora/ registers the adapter lookup).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,13 +21,12 @@ from aiohttp import web
 
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import json_response, response_headers
-from token_proxy.lora.registry import ADAPTERS, Lease
-from token_proxy.lora.workers import LORA
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
+from token_proxy.sglang.client import Reloads
 from token_proxy.sglang.payload import SamplingRequest, resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
 
@@ -28,47 +34,82 @@ GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"
 
 
-# ---- step 2: which model serves the request: the base model, or a loaded LoRA adapter
+# ---- step 7a: which model serves the request: the served model, or what a registered resolver finds
+
+class Hold(Protocol):
+    """A request's hold on what its model needs (a LoRA adapter's version), released when it ends."""
+
+    def release(self) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ModelTarget:
     """The model a request runs on: `name` is what responses report; `lora_path` (when set) goes to
     SGLang as /generate's `lora_path`, selecting a loaded adapter. An adapter request holds a `lease`
-    on the adapter version it resolved, so an in-place reload never unloads it under the request."""
+    on the adapter version it resolved, so an in-place reload never unloads it under the request, and
+    `reloads` loads it again on a worker that lost it (the call's lost-adapter retry)."""
 
     name: str
     lora_path: str | None = None
-    lease: Lease | None = None
+    lease: Hold | None = None
+    reloads: Reloads | None = None
 
     def release(self) -> None:
         if self.lease is not None:
             self.lease.release()
 
 
+# The hook for a requested name that is not the served model (nor one of its aliases): its target, or
+# vLLM's 404 (NotFound naming `model`). lora/ registers the adapter lookup at start-up; without one,
+# only the served model and its aliases exist.
+ModelResolver = Callable[[str], Awaitable[ModelTarget]]
+MODEL_RESOLVER = web.AppKey("model_resolver", ModelResolver)
+
+
+def unknown_model(requested: str) -> NotFound:
+    return NotFound(f"The model `{requested}` does not exist.", param="model")
+
+
 async def resolve_target(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
-    """resolve_model; under --workers, a name this worker's adapter mirror does not know yet is looked
-    up once more after asking the admin owner for its map (a load through another worker just now)."""
-    try:
-        return resolve_model(app, ctx, requested)
-    except NotFound:
-        registry = app.get(ADAPTERS)
-        if registry is None or registry.on_miss is None:
-            raise
-        await registry.on_miss()
-        return resolve_model(app, ctx, requested)
-
-
-def resolve_model(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
-    """The request's `model` -> its target. Absent means the served model; otherwise a loaded adapter's
-    name, or vLLM's 404 "The model `x` does not exist."."""
+    """The request's `model` -> its target. Absent means the served model, as do its aliases; any other
+    name is the registered resolver's (MODEL_RESOLVER), or vLLM's 404 "The model `x` does not exist."."""
     served = ctx.backend.served_model_name
     if requested is None or requested == served or requested in ctx.settings.served_model_aliases:
         return ModelTarget(served)
-    registry = app.get(ADAPTERS)
-    lease = registry.lease(requested) if registry is not None else None
-    if lease is None:
-        raise NotFound(f"The model `{requested}` does not exist.", param="model")
-    return ModelTarget(requested, lease.lora_path, lease)
+    resolver = app.get(MODEL_RESOLVER)
+    if resolver is None:
+        raise unknown_model(requested)
+    return await resolver(requested)
+
+
+# ---- steps 7a-7e (`prepare`), shared by every endpoint and by render
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What `prepare` settled before SGLang is called: the target (release it), the sampling after
+    the seed rule, the prompts' ids, each prompt's max_tokens, and the response id (the SGLang rid)."""
+
+    target: ModelTarget
+    sampling: SamplingRequest
+    prompts: list[list[int]]
+    limits: list[int]
+    response_id: str
+
+
+async def prepare(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, stats: RequestStats) -> Prepared:
+    """Resolve the model, apply the seed rule, make the prompt ids, their limits and the response id.
+    The caller releases `target` (it is released here if a later step fails)."""
+    job = endpoint.job
+    target = await resolve_target(request.app, ctx, job.model)
+    stats.adapter = target.name if target.lora_path else None
+    try:
+        sampling = checked_seed(request, ctx, job.sampling)
+        prompts = await endpoint.prompt_ids(ctx, stats)
+        limits = [max_tokens_for(ctx, sampling, ids) for ids in prompts]
+        return Prepared(target, sampling, prompts, limits, response_id(request, job))
+    except BaseException:
+        target.release()
+        raise
 
 
 # ---- the sequence
@@ -103,10 +144,10 @@ class Endpoint(Protocol):
 async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
     ctx, job, stats = request.app[CONTEXT], endpoint.job, stats_of(request)
     stats.stream = job.stream
-    target = await resolve_target(request.app, ctx, job.model)
-    stats.adapter = target.name if target.lora_path else None
+    prepared = await prepare(request, ctx, endpoint, stats)
+    target = prepared.target
     try:
-        return await _serve(request, ctx, endpoint, target, stats)
+        return await _serve(request, ctx, endpoint, prepared, stats)
     finally:
         target.release()
 
@@ -121,21 +162,19 @@ def response_id(request: web.Request, job: Job) -> str:
     return new_request_id(job.id_prefix, job.request_id or header_request_id(request))
 
 
-async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, target: ModelTarget,
+async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, prepared: Prepared,
                  stats: RequestStats) -> web.StreamResponse:
-    job = endpoint.job
-    sampling = checked_seed(request, ctx, job.sampling)
-    prompts = await endpoint.prompt_ids(ctx, stats)
+    job, target, sampling, prompts = endpoint.job, prepared.target, prepared.sampling, prepared.prompts
     stats.prompt_tokens = sum(len(ids) for ids in prompts)
-    limits = [max_tokens_for(ctx, sampling, ids) for ids in prompts]
-    meta = ResponseMeta(response_id(request, job), now(), target.name, prompts)
+    limits = prepared.limits
+    meta = ResponseMeta(prepared.response_id, now(), target.name, prompts)
     stats.backend_rid = meta.response_id
     call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
                           cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path,
                           api=ctx.backend.api)
     rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
     formatter = await endpoint.formatter(ctx, meta)
-    lora = request.app.get(LORA) if target.lora_path else None
+    lora = target.reloads if target.lora_path else None
     # The last line against stale weights (fleet_versions.py); --stale-reply-tries 0 turns it off.
     fleet = request.app.get(FLEET_VERSIONS) if ctx.settings.stale_reply_tries else None
     if job.stream:

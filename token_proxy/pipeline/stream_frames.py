@@ -1,4 +1,4 @@
-"""A stream's SGLang events -> the SSE bytes sent to the client (step 7 of the pipeline, streamed).
+"""A stream's SGLang events -> the SSE bytes sent to the client (step 10b of the pipeline, streamed).
 
 The general way: the output rules turn each event into an `Output`, the endpoint's formatter into a
 chunk, orjson into a frame. Most events of most streams are simpler: a plain stream (one choice,

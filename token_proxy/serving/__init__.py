@@ -1,5 +1,8 @@
 """Several serving processes on one port (`--workers N`, as `vllm serve --api-server-count N`).
 
+"Worker" elsewhere in the house means an SGLang server (as sglang-router uses the word); here the flag
+keeps vLLM's name, but the proxy's own processes are *serving processes* (process.py, process_app.py).
+
 With N = 1 (the default) none of this runs: one process serves everything, as it always has.
 
 With N > 1 the `token-proxy` process is a supervisor (supervisor.py) and serves no client itself:
@@ -9,8 +12,8 @@ With N > 1 the `token-proxy` process is a supervisor (supervisor.py) and serves 
   directory. Pause, weight updates, fleet transactions, vLLM's RL routes, the LoRA registry, the
   SGLang pass-through and the one scrape of SGLang's /metrics (the `vllm:` view) live there, in one
   process, so an admin call behaves the same whichever worker takes it;
-- spawns N **data-plane workers** (worker.py), each its own event loop on host:port with
-  SO_REUSEPORT (the kernel spreads new connections over them). A worker serves inference,
+- spawns N **data-plane serving processes** (process.py), each its own event loop on host:port with
+  SO_REUSEPORT (the kernel spreads new connections over them). A serving process serves inference,
   tokenizer and ops routes itself and forwards every other route to the owner (forward.py);
 - workers follow the owner's LoRA map (public name -> SGLang's internal name) and report the
   adapter versions their requests hold, so the owner unloads a replaced adapter only when no
@@ -21,3 +24,13 @@ With N > 1 the `token-proxy` process is a supervisor (supervisor.py) and serves 
 - SIGTERM / SIGINT to the supervisor: every worker stops accepting and drains (--shutdown-timeout),
   then the owner and the simulator stop; exit 0. A worker that dies ends the whole proxy (exit 1).
 """
+
+from token_proxy.faces import door
+
+__all__ = ["add_owner_planes", "add_worker_planes", "serve_workers"]
+
+__getattr__ = door(__name__, {
+    "add_owner_planes": "serve",
+    "add_worker_planes": "serve",
+    "serve_workers": "supervisor",
+})

@@ -1,5 +1,5 @@
 """Serving one process: the app for its role (single, owner or worker) on a listening socket, on uvloop
-where it is installed. The CLI runs it for one process; a --workers N worker (worker.py) runs it too.
+where it is installed. The CLI runs it for one process; a --workers N worker (process.py) runs it too.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def planes_for(role: Role | None) -> Callable | None:
 
 def add_worker_planes(app) -> None:
     from token_proxy.routes import add_routes
-    from token_proxy.serving.worker_app import add_worker_plane
+    from token_proxy.serving.process_app import add_worker_plane
 
     add_routes(app, add_admin=add_worker_plane)
 

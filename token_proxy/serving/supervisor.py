@@ -3,7 +3,7 @@ admin owner on a Unix socket, starts N workers on the shared port and stops them
 
 A worker that dies (killed, crashed) is started again at once, in its place: its siblings go on
 serving, so only the requests it held are cut (their clients see the connection reset, at once). The
-new one joins the port only once it can serve (worker.py), so no client meets its start-up 503s.
+new one joins the port only once it can serve (process.py), so no client meets its start-up 503s.
 More than RESTARTS_PER_MINUTE deaths in a minute is a crash loop: the proxy stops.
 
 Exit status: 0 after SIGTERM / SIGINT (every worker drained); 2 for a configuration error found
@@ -57,8 +57,8 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     from token_proxy.ops.drain import SERVER_GRACE_S
     from token_proxy.role import OWNER, Role
     from token_proxy.serving.metrics_block import WORKERS
+    from token_proxy.serving.process import RESTARTED_ENV
     from token_proxy.serving.serve import add_owner_planes
-    from token_proxy.serving.worker import RESTARTED_ENV
     from token_proxy.state import ON_FATAL
 
     loop = asyncio.get_running_loop()
@@ -86,9 +86,9 @@ async def _supervise(settings: Settings, run_dir: Path) -> int:
     env = {**os.environ, MULTIPROC_ENV: str(run_dir / "metrics")}
 
     async def start(index: int, restarted: bool = False):
-        # Started again (its siblings serve): it listens only once it can serve (worker.py).
+        # Started again (its siblings serve): it listens only once it can serve (process.py).
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "token_proxy.serving.worker", str(run_dir), str(index),
+            sys.executable, "-m", "token_proxy.serving.process", str(run_dir), str(index),
             env={**env, RESTARTED_ENV: "1" if restarted else "0"}, stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True)
 

@@ -1,5 +1,5 @@
 """POST /v1/chat/completions, /v1/chat/completions/tokens and /v1/chat/completions/render: the chat
-adapter of the pipeline (render runs its parse and prompt-ids steps and stops before SGLang)."""
+adapter of the pipeline (render runs its parse step and `prepare`, and stops before SGLang)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_state import RequestStats, stats_of
-from token_proxy.pipeline.run import max_tokens_for, resolve_target, response_id, run_pipeline
+from token_proxy.pipeline.run import prepare, run_pipeline
 from token_proxy.sglang.payload import with_sampling_overrides
 from token_proxy.state import CONTEXT, ProxyContext
 
@@ -47,8 +47,8 @@ async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
 
 
 async def chat_completions_render(request: web.Request) -> web.Response:
-    """vLLM's render: the chat request parsed, its model checked and its prompt rendered exactly as
-    /v1/chat/completions would (the same ChatEndpoint steps), answered as vLLM's GenerateRequest
+    """vLLM's render: the chat request parsed, then the pipeline's own `prepare` (model, seed rule, prompt
+    ids, limits, response id) exactly as /v1/chat/completions runs it, answered as vLLM's GenerateRequest
     (token_ids, sampling_params, ...) without calling SGLang. SkyRL reads `token_ids` and `features`."""
     ctx = request.app[CONTEXT]
     body = await read_json(request)
@@ -56,14 +56,13 @@ async def chat_completions_render(request: web.Request) -> web.Response:
         raise InvalidRequest("Beam search is not supported by the render endpoint")  # vLLM's words
     flags = tool_flags(ctx)
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
-    (await resolve_target(request.app, ctx, req.model)).release()  # a known model or adapter (vLLM's 404)
     endpoint = ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags))
-    (ids,) = await endpoint.prompt_ids(ctx, stats_of(request))
-    sampling = endpoint.job.sampling
-    max_tokens = max_tokens_for(ctx, sampling, ids)
-    request_id = response_id(request, endpoint.job)
+    prepared = await prepare(request, ctx, endpoint, stats_of(request))
+    prepared.target.release()  # a known model or adapter (vLLM's 404); nothing is generated
+    (ids,), (max_tokens,) = prepared.prompts, prepared.limits
     reasoning_kwargs = dict(req.prompt.chat_template_kwargs or {}) if ctx.settings.reasoning_parser else None
-    return json_response(render_response(req, sampling, ids, max_tokens, request_id, body, reasoning_kwargs))
+    return json_response(render_response(req, prepared.sampling, ids, max_tokens, prepared.response_id, body,
+                                         reasoning_kwargs))
 
 
 def tool_flags(ctx: ProxyContext) -> ToolFlags:

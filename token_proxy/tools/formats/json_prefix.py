@@ -76,7 +76,8 @@ class JsonHead:
         return self.head, self.end
 
     def _tokens(self, text: str, final: bool) -> None:
-        out, stack, keys, n = self._out, self._stack, self._keys, len(text)
+        """Every complete token from _pos on into the head; stops at one still arriving, or not JSON."""
+        out, stack, n = self._out, self._stack, len(text)
         while (pos := _WS.match(text, self._pos).end()) < n:
             char, expect = text[pos], self._expect
             if expect == "colon":
@@ -85,38 +86,16 @@ class JsonHead:
                 out.append(": ")
                 self._expect, pos = "value", pos + 1
             elif expect == "comma":
-                if char == ",":
-                    out.append(", ")
-                    self._expect, pos = ("key" if stack[-1] == "{" else "value"), pos + 1
-                elif char == ("}" if stack[-1] == "{" else "]"):
-                    pos = self._close(char, pos)
-                else:
-                    return
-            elif char == '"' and expect == "key":
-                match = _BODY.match(text, pos + 1)
-                if text[match.end():match.end() + 1] != '"':
-                    return  # a key goes out whole (it may repeat one)
-                key = json.loads(text[pos:match.end() + 1])
-                if key in keys[-1]:  # json.loads would move the value to the first place
-                    return
-                keys[-1].add(key)
-                out.append(json.dumps(key, ensure_ascii=False))
-                self._expect, pos = "colon", match.end() + 1
-            elif char == '"' and expect == "value":
+                pos = self._after_value(char, pos)
+            elif expect == "key":
+                pos = self._key(text, char, pos)
+            elif char == '"':
                 self._open_string, self._pos = '"', pos + 1
                 if not self._string(text):
                     return
                 pos = self._pos
-            elif expect == "key":
-                if char != "}" or out[-1] != "{":  # `{}`; no `}` after a comma
-                    return
-                pos = self._close(char, pos)
             elif char in "{[":
-                out.append(char)
-                stack.append(char)
-                if char == "{":
-                    keys.append(set())
-                self._expect, pos = ("key" if char == "{" else "value"), pos + 1
+                pos = self._open(char, pos)
             elif char == "]" and stack and stack[-1] == "[" and out[-1] == "[":  # []
                 pos = self._close(char, pos)
             else:
@@ -125,9 +104,46 @@ class JsonHead:
                     return  # still arriving (`1` of `10`, `tr`), or not JSON
                 pos += len(token)
                 self._value_done(pos)
+            if pos is None:
+                return
             self._pos = pos
             if self.end is not None:
                 return
+
+    def _after_value(self, char: str, pos: int) -> int | None:
+        """After a value inside a container: a comma, or the container's close."""
+        closer = "}" if self._stack[-1] == "{" else "]"
+        if char == ",":
+            self._out.append(", ")
+            self._expect = "key" if closer == "}" else "value"
+            return pos + 1
+        return self._close(char, pos) if char == closer else None
+
+    def _key(self, text: str, char: str, pos: int) -> int | None:
+        """Where a key is expected: a whole key (it goes out whole: it may repeat one), or `{}`'s `}`."""
+        if char != '"':
+            if char != "}" or self._out[-1] != "{":  # `{}`; no `}` after a comma
+                return None
+            return self._close(char, pos)
+        match = _BODY.match(text, pos + 1)
+        if text[match.end():match.end() + 1] != '"':
+            return None
+        key = json.loads(text[pos:match.end() + 1])
+        keys = self._keys[-1]
+        if key in keys:  # json.loads would move the value to the first place
+            return None
+        keys.add(key)
+        self._out.append(json.dumps(key, ensure_ascii=False))
+        self._expect = "colon"
+        return match.end() + 1
+
+    def _open(self, char: str, pos: int) -> int:
+        self._out.append(char)
+        self._stack.append(char)
+        if char == "{":
+            self._keys.append(set())
+        self._expect = "key" if char == "{" else "value"
+        return pos + 1
 
     def _scalar(self, text: str, pos: int, final: bool) -> str | None:
         match = _NUMBER.match(text, pos)

@@ -1,4 +1,4 @@
-"""A --workers data-plane process's admin side: every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
+"""A data-plane serving process's admin side (`--workers N`; a proxy process, not an SGLang worker): every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
 its Unix socket (the same routes as one process serves, so labels, 404s and 405s match), the LoRA map
 is mirrored (adapter_sync.py), so is the fleet's weight-version record (fleet_mirror.py), and /metrics appends the owner's block (metrics_block.py)."""
 
@@ -13,6 +13,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, NotFound
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
+from token_proxy.lora.resolve import register_resolver
 from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
@@ -91,7 +92,8 @@ async def _worker_state(app: web.Application):
         app[CONTROL_SESSION] = session
         app[EXTRA_METRICS] = fetch_owner_block
         registry = app[ADAPTERS] = AdapterRegistry()
-        app[LORA] = RemoteLora(session)
+        reloads = app[LORA] = RemoteLora(session)
+        register_resolver(app, registry, reloads)
         follower = AdapterFollower(session, role.index, registry)
 
         def learn(backend) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from token_proxy import checks as check
-from token_proxy.admin import fleet, vllm_rl
+from token_proxy.admin import fleet, vllm_rl, vllm_weights
 from token_proxy.admin.flush import read_pending
 from token_proxy.admin.forward import group_bodies, note_group
 from token_proxy.admin.workers import ADMIN, AdminPlane
@@ -59,11 +59,11 @@ async def update_weights(request: web.Request) -> web.Response:
     """A weight directory -> a fleet update from disk (fleet.py: all workers or none, cache flushed,
     version bumped); null (or prime-rl's NCCL_READY-only directory) -> wait for the trainer's NCCL push
     to land, refused at once (409) when no weight-update group is live. A body with `update_info` is
-    vLLM's /update_weights (vllm_rl.py)."""
+    vLLM's /update_weights (vllm_weights.py)."""
     plane = request.app[ADMIN]
     body = await read_json(request)
     if vllm_rl.is_vllm_update(body):
-        return await vllm_rl.update_weights(request, body)
+        return await vllm_weights.update_weights(request, body)
     weight_dir = body.get("weight_dir")
     if weight_dir is None or _is_nccl_marker_dir(plane, weight_dir):
         return await _nccl_step(plane)

@@ -1,8 +1,9 @@
-"""One --workers data-plane process: `python -m token_proxy.serving.worker RUN_DIR INDEX`, started by
-the supervisor (supervisor.py) with PROMETHEUS_MULTIPROC_DIR set. It binds host:port with
-SO_REUSEPORT beside its siblings and serves until SIGTERM (then drains, as one process does).
+"""One data-plane serving process of `--workers N` (a proxy process, not an SGLang worker):
+`python -m token_proxy.serving.process RUN_DIR INDEX`, started by the supervisor (supervisor.py) with
+PROMETHEUS_MULTIPROC_DIR set. It binds host:port with SO_REUSEPORT beside its siblings and serves until
+SIGTERM (then drains, as one process does).
 
-It listens (joins the kernel's SO_REUSEPORT group) at once; a worker started again after
+It listens (joins the kernel's SO_REUSEPORT group) at once; a serving process started again after
 a death (RESTARTED_ENV set) only once it can serve (SGLang known, its tokenizer loaded): until then the
 kernel gives every new connection to the siblings, which serve it, instead of a 503 from this one."""
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from token_proxy.role import WORKER, Role
 
 PR_SET_PDEATHSIG = 1
-RESTARTED_ENV = "TOKEN_PROXY_WORKER_RESTARTED"  # set by the supervisor for a worker started again
+RESTARTED_ENV = "TOKEN_PROXY_WORKER_RESTARTED"  # set by the supervisor for a serving process started again
 
 
 def bind_reuse_port(host: str, port: int) -> socket.socket:
@@ -34,7 +35,7 @@ def bind_reuse_port(host: str, port: int) -> socket.socket:
 
 
 def _end_with_parent() -> None:
-    """Workers run in their own session (a terminal's Ctrl-C reaches the supervisor only, which stops
+    """Serving processes run in their own session (a terminal's Ctrl-C reaches the supervisor only, which stops
     them in order); if the supervisor dies without doing so, the kernel sends SIGTERM (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
