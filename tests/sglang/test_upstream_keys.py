@@ -94,3 +94,27 @@ def test_the_flag_and_its_environment_variable():
     assert parse_settings(["--sglang-api-key", "k1"], {}).sglang_api_key == "k1"
     assert parse_settings([], {"TOKEN_PROXY_SGLANG_API_KEY": "k2"}).sglang_api_key == "k2"
     assert "k2" not in repr(parse_settings([], {"TOKEN_PROXY_SGLANG_API_KEY": "k2"}))
+
+
+async def test_a_sessions_turns_carry_its_routing_key_to_sglang(aiohttp_server, tokenizer_dir, make_proxy):
+    """issue 31: behind a router that routes by key (sglang-router's / SMG's consistent_hashing reads
+    X-SMG-Routing-Key), a session's turns (X-Session-ID) reach one worker and keep its prefix cache."""
+    seen: list[tuple[str, str | None]] = []
+
+    @web.middleware
+    async def record(request, handler):
+        if request.path == "/generate":
+            seen.append((request.method, request.headers.get("X-SMG-Routing-Key")))
+        return await handler(request)
+
+    app = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir), enable_deterministic_inference=True,
+                                   incremental_streaming_output=True))
+    app.middlewares.insert(0, record)
+    proxy = await make_proxy(await aiohttp_server(app))
+    for stream in (False, True):
+        for headers in ({"X-Session-ID": "rollout-7"}, {}):
+            resp = await proxy.post("/v1/chat/completions", headers=headers, data=orjson.dumps(
+                {"messages": USER, "max_tokens": 2, "stream": stream}))
+            assert resp.status == 200
+            await resp.read()
+    assert seen == [("POST", "rollout-7"), ("POST", None), ("POST", "rollout-7"), ("POST", None)]

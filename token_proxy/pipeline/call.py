@@ -30,7 +30,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
     With `fleet`, a reply on weights the fleet does not serve is sent again (fleet_versions.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         stats.mark_sent()
-        once = lambda: ctx.client.generate(call.body, lora)
+        once = lambda: ctx.client.generate(call.body, lora, call.headers)
         since = time.monotonic()
         items = await once()
         if fleet is not None and not _on_current(items, fleet):
@@ -51,7 +51,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
     stream on weights the fleet does not serve is closed and opened again (fleet_versions.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
         stats.mark_sent()
-        once = lambda: _open_stream(ctx, call.body, lora, stack)
+        once = lambda: _open_stream(ctx, call, lora, stack)
         since = time.monotonic()
         stream, first = await once()
         if fleet is not None and not _on_current(first or [], fleet):
@@ -101,10 +101,11 @@ async def _close_stream(opened) -> None:
     await opened[0].aclose()
 
 
-async def _open_stream(ctx: ProxyContext, body: dict, lora: Reloads | None, stack: contextlib.AsyncExitStack):
+async def _open_stream(ctx: ProxyContext, call: SGLangRequest, lora: Reloads | None,
+                       stack: contextlib.AsyncExitStack):
     """The stream and its first batch of events, through the client's retry point (an HTTP error before it
     raises here)."""
-    stream, first = await ctx.client.start_stream(body, lora)
+    stream, first = await ctx.client.start_stream(call.body, lora, call.headers)
     stack.push_async_callback(stream.aclose)
     return stream, first
 

@@ -171,7 +171,7 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, pr
     stats.backend_rid = meta.response_id
     call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
                           cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path,
-                          api=ctx.backend.api)
+                          api=ctx.backend.api, routing_key=request.headers.get("X-Session-ID"))
     rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
     formatter = await endpoint.formatter(ctx, meta)
     lora = target.reloads if target.lora_path else None

@@ -68,11 +68,11 @@ class SGLangClient:
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
         self._resolve = cached_resolver()
 
-    async def generate(self, payload: dict, reload: Reloads | None = None) -> list[dict]:
+    async def generate(self, payload: dict, reload: Reloads | None = None, headers: dict | None = None) -> list[dict]:
         """Non-streaming /generate: its outputs. `reload`: an adapter request's (a lost adapter is
-        re-loaded and the call sent again)."""
+        re-loaded and the call sent again); `headers`: extra ones (a session's routing key)."""
         async def once(again: bool) -> bytes:
-            async with self._post("/generate", payload, again) as resp:
+            async with self._post("/generate", payload, again, headers) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     raise error_from_status(resp.status, body)
@@ -85,11 +85,12 @@ class SGLangClient:
             raise invalid_json(body) from exc
         return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
 
-    async def start_stream(self, payload: dict, reload: Reloads | None = None) -> tuple[RelayStream, list | None]:
+    async def start_stream(self, payload: dict, reload: Reloads | None = None,
+                           headers: dict | None = None) -> tuple[RelayStream, list | None]:
         """A streaming /generate and its first batch of events (None: it ended without any); relay the rest
         with `relay()`, then `aclose()` the stream. `reload` as for `generate`."""
         async def once(again: bool) -> tuple[RelayStream, list | None]:
-            stream = await self.open_stream(payload)
+            stream = await self.open_stream(payload, headers)
             try:
                 return stream, await stream.first()
             except BaseException:
@@ -99,9 +100,10 @@ class SGLangClient:
         # regenerates: a stream that broke off before its first event is opened again (no byte reached the client)
         return await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True)
 
-    async def open_stream(self, payload: dict) -> RelayStream:
+    async def open_stream(self, payload: dict, headers: dict | None = None) -> RelayStream:
         """A streaming /generate, sent on a connection of its own (sglang/relay.py)."""
         auth = b"Authorization: Bearer %b\r\n" % self._api_key.encode() if self._api_key else b""
+        auth += b"".join(b"%b: %b\r\n" % (k.encode(), v.encode()) for k, v in (headers or {}).items())
         return await open_relay(self.base_url, relay_target(self.base_url), "/generate", orjson.dumps(payload),
                                 connect_s=self._timeout.sock_connect, total_s=self._timeout.total,
                                 idle_s=self._idle_s, first_token_s=self._first_token_s, resolve=self._resolve,
@@ -184,11 +186,12 @@ class SGLangClient:
         return _Call(self._send(method, path_qs, data=body, headers=headers, timeout=self._timeout,
                                 allow_redirects=False), self.base_url)
 
-    def _post(self, path: str, payload: dict, again: bool) -> _Call:
+    def _post(self, path: str, payload: dict, again: bool, headers: dict | None = None) -> _Call:
         """One attempt of a POST inside `retrying` (`again`: the retry's, on a fresh connection)."""
         session = self._fresh if again and self._fresh is not None else self._session
+        headers = {**self._json_headers, **headers} if headers else self._json_headers
         return _Call(request(session, "POST", f"{self.base_url}{path}", data=orjson.dumps(payload),
-                             headers=self._json_headers, timeout=self._timeout, ssl=self._ssl_arg()), self.base_url)
+                             headers=headers, timeout=self._timeout, ssl=self._ssl_arg()), self.base_url)
 
     async def _send(self, method: str, path: str, headers: dict | None = None, **kwargs) -> aiohttp.ClientResponse:
         """Every HTTP call to SGLang but /generate goes out here: the response once its headers are in,

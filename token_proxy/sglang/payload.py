@@ -70,21 +70,37 @@ class SamplingRequest:
 
 @dataclass(frozen=True, slots=True)
 class SGLangRequest:
-    """One /generate call: its JSON body and the rids to abort it by (SGLang aborts a batch item by item)."""
+    """One /generate call: its JSON body, the rids to abort it by (SGLang aborts a batch item by item), and
+    the routing key a router that routes by key reads (a session's id: routing_headers)."""
 
     body: dict
     rids: list[str]
+    routing_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return routing_headers(self.routing_key)
+
+
+# sglang-router's and SMG's `consistent_hashing` (and `manual`) policies route by this header: every turn of a
+# session (X-Session-ID) reaches the worker that holds its prefix cache. Other servers ignore it.
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+def routing_headers(key: str | None) -> dict[str, str]:
+    return {ROUTING_KEY_HEADER: key} if key and key.isascii() else {}
 
 
 def sglang_request(prompts: list[list[int]], sampling: SamplingRequest, max_new_tokens: list[int], *, rid: str,
                    stream: bool, cache_salt: str | None = None, priority: int | None = None,
-                   lora_path: str | None = None, api: SGLangFeatures = VERIFIED_FEATURES) -> SGLangRequest:
+                   lora_path: str | None = None, api: SGLangFeatures = VERIFIED_FEATURES,
+                   routing_key: str | None = None) -> SGLangRequest:
     body = batch_payload(prompts, sampling, max_new_tokens, rid=rid, stream=stream, cache_salt=cache_salt,
                          priority=priority, api=api)
     if lora_path is not None:
         body["lora_path"] = lora_path  # one path for every item of a batch
     rids = body["rid"]
-    return SGLangRequest(body, rids if isinstance(rids, list) else [rids])
+    return SGLangRequest(body, rids if isinstance(rids, list) else [rids], routing_key)
 
 
 CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")
