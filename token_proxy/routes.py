@@ -22,6 +22,7 @@ from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
 from token_proxy.admin.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
+from token_proxy.api.chat.derender import chat_completions_derender
 from token_proxy.api.chat.endpoint import (
     chat_completions,
     chat_completions_render,
@@ -122,6 +123,7 @@ ROUTES: tuple[Route, ...] = (
     Route("/v1/chat/completions", POST, chat_completions, INFERENCE, in_openapi=True),
     Route("/v1/chat/completions/tokens", POST, chat_completions_tokens, INFERENCE, in_openapi=True),
     Route("/v1/chat/completions/render", POST, chat_completions_render, TOKENIZER, in_openapi=True),  # no SGLang
+    Route("/v1/chat/completions/derender", POST, chat_completions_derender, TOKENIZER),  # ids back: no SGLang
     Route("/v1/completions", POST, completions, INFERENCE, in_openapi=True),
     Route("/inference/v1/generate", POST, generate_tokens, INFERENCE, in_openapi=True),
     *(Route(f"{prefix}/{name}", POST, handler, TOKENIZER, in_openapi=True)

@@ -111,3 +111,53 @@ async def test_render_with_logit_bias_answers_json(proxy):
     body = await response.json()
     assert response.status == 200, body
     assert body["sampling_params"]["logit_bias"] == {"151277": -5.0, "7": 1.5}
+
+
+async def test_derender_gives_back_the_chat_response_for_the_same_ids(proxy):
+    """vLLM's /v1/chat/completions/derender (issue 31): the ids a chat generated, derendered with its request,
+    are that chat's response: text, finish and stop reasons, token ids, usage."""
+    chat = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12, "temperature": 0,
+            "return_token_ids": True}
+    sent = await (await proxy.post("/v1/chat/completions", json=chat)).json()
+    choice = sent["choices"][0]
+    response = await proxy.post("/v1/chat/completions/derender", json={
+        "generate_response": {"request_id": "r-1", "choices": [
+            {"index": 0, "token_ids": choice["token_ids"], "finish_reason": choice["finish_reason"]}]},
+        "prompt_token_ids": sent["prompt_token_ids"], "chat_request": chat})
+    body = await response.json()
+    assert response.status == 200, body
+    (got,) = body["choices"]
+    assert got["message"] == choice["message"]
+    assert (got["finish_reason"], got["stop_reason"], got["token_ids"]) == (
+        choice["finish_reason"], choice["stop_reason"], choice["token_ids"])
+    assert body["usage"] == sent["usage"] and body["prompt_token_ids"] == sent["prompt_token_ids"]
+    assert body["id"] == "chatcmpl-r-1" and body["object"] == "chat.completion"
+
+
+async def test_derender_parses_tool_calls_for_the_chat_request(make_sim, make_proxy):
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    sim = await make_sim(scripted_output=call)
+    proxy = await make_proxy(sim, tool_call_parser="hermes", enable_auto_tool_choice=True)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    chat = {"messages": [{"role": "user", "content": "Weather?"}], "tools": tools, "max_tokens": 64,
+            "return_token_ids": True}
+    sent = await (await proxy.post("/v1/chat/completions", json=chat)).json()
+    choice = sent["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    body = await (await proxy.post("/v1/chat/completions/derender", json={
+        "generate_response": {"choices": [{"index": 0, "token_ids": choice["token_ids"], "finish_reason": "stop"}]},
+        "chat_request": chat})).json()
+    got = body["choices"][0]
+    assert got["finish_reason"] == "tool_calls"
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in got["message"]["tool_calls"]] == [
+        ("get_weather", '{"city": "Paris"}')]
+
+
+async def test_derender_refuses_what_it_cannot_take(proxy):
+    for body, param in (({"generate_response": {"choices": []}}, "generate_response"),
+                        ({"generate_response": {"choices": [{"token_ids": [1]}]}, "stream": True}, "stream"),
+                        ({"generate_response": {"choices": [{"token_ids": [10**9]}]}},
+                         "generate_response.choices[0].token_ids")):
+        response = await proxy.post("/v1/chat/completions/derender", json=body)
+        assert (response.status, (await response.json())["error"]["param"]) == (400, param)
