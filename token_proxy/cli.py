@@ -195,22 +195,23 @@ def blame(message: str, argv: list[str], environ) -> str:
     return message
 
 
+def _bool_flag(args: argparse.Namespace, prefix: str, flag: str, environ) -> bool | None:
+    """A hidden or other-spelling boolean flag's value: given on the command line, else its variable."""
+    given = getattr(args, prefix + flag[2:].replace("-", "_"))
+    env = environ.get(env_name(flag))
+    return flag_bool(env) if given is None and env is not None else given
+
+
 def _apply_inverses(args: argparse.Namespace, values: dict, environ) -> None:
     for flag, field, _ in _INVERSES:
-        given = getattr(args, "inverse_" + flag[2:].replace("-", "_"))
-        env = environ.get(env_name(flag))
-        if given is None and env is not None:
-            given = flag_bool(env)
+        given = _bool_flag(args, "inverse_", flag, environ)
         if given is not None:
             values[field] = not given
 
 
 def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
     for flag, field, convert in _DEPRECATED:
-        given = getattr(args, "deprecated_" + flag[2:].replace("-", "_"))
-        env = environ.get(env_name(flag))
-        if given is None and env is not None:
-            given = flag_bool(env)
+        given = _bool_flag(args, "deprecated_", flag, environ)
         if given is not None:
             values[field] = convert(given)
             log.warning("%s is deprecated; it sets %s", flag, field)
