@@ -200,12 +200,21 @@ async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim,
         assert await call(proxy, "POST", "/pause", params={"mode": "keep"}) == (200, {"status": "paused"})
         return rollout
 
-    # SGLang's own route, forwarded as is, with SGLang's default: the kept rollout is aborted.
+    # SGLang's own route, forwarded: SGLang's default would abort the kept rollout (the simulator's default is
+    # SGLang's, tests/simulator/test_request_defaults.py), so the proxy sends abort_all_requests: false unless
+    # the client asks for the abort (bench/chaos.py's weights_vllm lost 24 samples to it).
     rollout = await kept_rollout()
     assert (await call(proxy, "POST", "/update_weight_version", json={"new_version": "v0"}))[0] == 200
     assert await call(proxy, "POST", "/resume") == (200, {"status": "resumed"})
     status, reply = await asyncio.wait_for(rollout, 20)
-    assert (status, reply["choices"][0]["finish_reason"]) == (200, "abort")
+    assert (status, reply["choices"][0]["finish_reason"]) == (200, "length")
+    assert a.app[SIM_STATE].aborted == []
+    rollout = await kept_rollout()
+    assert (await call(proxy, "POST", "/update_weight_version",
+                       json={"new_version": "v0b", "abort_all_requests": True}))[0] == 200
+    assert await call(proxy, "POST", "/resume") == (200, {"status": "resumed"})
+    status, reply = await asyncio.wait_for(rollout, 20)
+    assert (status, reply["choices"][0]["finish_reason"]) == (200, "abort")  # asked for
     aborted = list(a.app[SIM_STATE].aborted)
     assert len(aborted) == 1
 

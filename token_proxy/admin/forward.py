@@ -64,6 +64,13 @@ async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[
     return await safe_flush(plane, [body] * len(urls), urls)
 
 
+async def version_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """/update_weight_version keeps the requests in flight unless the client asks to abort them: SGLang aborts
+    them by default (abort_all_requests: true in every release), vLLM's route of the same name never does,
+    and a rollout kept across a keep-pause must not end in an abort (bench/chaos.py's weights_vllm)."""
+    return [{"abort_all_requests": False, **body}] * len(urls)
+
+
 async def tp_sizes(plane: AdminPlane, urls: list[str]) -> list[int]:
     """Ranks per worker (tp_size x pp_size from /server_info; data parallel cannot join a group)."""
     sizes = []
@@ -166,7 +173,7 @@ FORWARDS = {row.path: row for row in (
     Forward("/begin_weight_update", "admin_timeout_s", after=note_session_open),
     Forward("/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
     Forward("/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
-    Forward("/update_weight_version", "admin_timeout_s", after=note_new_version),
+    Forward("/update_weight_version", "admin_timeout_s", prepare=version_bodies, after=note_new_version),
     Forward("/pause_generation", "admin_timeout_s", after=note_pause),
     Forward("/continue_generation", "admin_timeout_s", after=note_continue),
     Forward("/flush_cache", "admin_timeout_s"),
