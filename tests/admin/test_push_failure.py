@@ -227,3 +227,38 @@ async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim,
     assert status == 200 and reply["choices"][0]["finish_reason"] == "length"
     assert len(reply["choices"][0]["token_ids"]) == 40
     assert a.app[SIM_STATE].aborted == aborted  # nothing more aborted
+
+
+@pytest.mark.parametrize(("replies", "status"), [
+    # both workers refused the push itself (a wrong shape): retrying it fails again
+    ([("A", 400, None), ("B", 400, None)], 400),
+    # A refused first and B's call was cut off ("not waited for"): B might have taken it (SGLang answers 400
+    # for a receive that failed on that worker alone too), so the trainer is told to join and push again
+    # (prime-rl does not retry a 4xx: 400 would end its run for what may be one worker's failure)
+    ([("A", 400, None), ("B", 0, "aborted")], 503),
+    ([("A", 0, "aborted"), ("B", 400, None)], 503),
+    # A took it, B refused: the workers differ, a new join + push would work
+    ([("A", 200, None), ("B", 400, None)], 503),
+    # A refused, B cannot be reached: not the push's fault alone
+    ([("A", 400, None), ("B", 0, "unavailable")], 503),
+    # a worker failing mid-push (5xx) is not a refusal of the push
+    ([("A", 500, None), ("B", 0, "aborted")], 503),
+    ([("A", 0, "timeout"), ("B", 0, "timeout")], 504),
+])
+def test_a_failed_push_answers_400_only_when_every_worker_was_heard_refusing_it(replies, status):
+    from token_proxy.admin.fleet import push_status
+    from token_proxy.errors import BackendTimeout, BackendUnavailable
+    from token_proxy.sglang.workers import WorkerReply, aborted
+
+    refused = WorkerReply("http://a", 400, b'{"success": false}', "application/json")
+    made = []
+    for url, code, error in replies:
+        if error == "aborted":
+            made.append(aborted(url, refused))
+        elif error == "timeout":
+            made.append(WorkerReply(url, 0, error=BackendTimeout("timed out")))
+        elif error == "unavailable":
+            made.append(WorkerReply(url, 0, error=BackendUnavailable("refused")))
+        else:
+            made.append(WorkerReply(url, code, b"{}", "application/json"))
+    assert push_status(made) == status
