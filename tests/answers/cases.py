@@ -17,6 +17,8 @@ import orjson
 MODEL = "sim/qwen2-tiny"
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT_IDS = [785, 3974, 13876, 38835]  # "The quick brown fox"
+# USER as the template renders it: the prompt of the golden SGLang recordings.
+GOLDEN_PROMPT_IDS = [151644, 872, 198, 3838, 374, 279, 6722, 315, 9625, 30, 151645, 198, 151644, 77091, 198]
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {
     "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
@@ -26,16 +28,29 @@ WEATHER = {"type": "function", "function": {"name": "get_weather"}}
 JSON_SCHEMA = {"type": "json_schema", "json_schema": {"name": "capital", "schema": {
     "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
 
-# setup name: (SimConfig overrides, Settings overrides). "default": the proxy with default settings in front of
-# SGLang started as the README says (--incremental-streaming-output); "cumulative": SGLang's default streaming
-# (every event repeats the whole output); "hermes": tool calls parsed, in front of a simulator that answers
-# every unconstrained request with one.
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One simulator + proxy pair: SimConfig and Settings overrides; `golden`: /generate answered from the
+    golden SGLang 0.5.17 recordings (golden_replay.py), which streamed cumulatively."""
+
+    sim: dict = field(default_factory=dict)
+    proxy: dict = field(default_factory=dict)
+    golden: bool = False
+
+
+# "default": the proxy with default settings in front of SGLang started as the README says
+# (--incremental-streaming-output); "cumulative": SGLang's default streaming (every event repeats the whole
+# output); "hermes": tool calls parsed, in front of a simulator that answers every unconstrained request with
+# one; "golden": real SGLang's recorded replies.
 INCREMENTAL = {"incremental_streaming_output": True}
-SETUPS: dict[str, tuple[dict, dict]] = {
-    "default": (INCREMENTAL, {}),
-    "cumulative": ({"incremental_streaming_output": False}, {}),
-    "hermes": ({**INCREMENTAL, "scripted_output": TOOL_CALL},
-               {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}),
+SETUPS: dict[str, Setup] = {
+    "default": Setup(INCREMENTAL),
+    "cumulative": Setup({"incremental_streaming_output": False}),
+    "hermes": Setup({**INCREMENTAL, "scripted_output": TOOL_CALL},
+                    {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}),
+    "golden": Setup({"incremental_streaming_output": False}, golden=True),
 }
 
 
@@ -144,6 +159,28 @@ CASES: tuple[Case, ...] = (
                                         **CHAT_IDS), "cumulative"),
     Case("chat/stream_n2_cumulative", chat(max_tokens=4, stream=True, n=2, seed=11, temperature=1.0,
                                            logprobs=True, return_token_ids=True), "cumulative"),
+    # --- real SGLang 0.5.17 replies (the golden recordings) behind the proxy ---
+    Case("golden/chat_greedy", chat(max_tokens=8, **CHAT_IDS), "golden"),
+    Case("golden/chat_logprobs_top2", chat(max_tokens=8, logprobs=True, top_logprobs=2, **CHAT_IDS), "golden"),
+    Case("golden/chat_stop_on_eos", chat(max_tokens=32, min_tokens=4, logit_bias={"151645": 100}, **CHAT_IDS),
+         "golden"),
+    Case("golden/chat_stop_string", chat(max_tokens=8, stop=["\n\n"], **CHAT_IDS), "golden"),
+    Case("golden/chat_stream", chat(max_tokens=8, stream=True, stream_options={"include_usage": True}, **CHAT_IDS),
+         "golden"),
+    Case("golden/chat_stream_logprobs_top2", chat(max_tokens=4, stream=True, logprobs=True, top_logprobs=2,
+                                                  **CHAT_IDS), "golden"),
+    Case("golden/chat_stream_stop_on_eos", chat(max_tokens=32, min_tokens=4, logit_bias={"151645": 100},
+                                                stream=True, **CHAT_IDS), "golden"),
+    Case("golden/completions_ids", (post("/v1/completions", {"model": MODEL, "prompt": GOLDEN_PROMPT_IDS,
+                                                             "max_tokens": 16, **CHAT_IDS}),), "golden"),
+    Case("golden/generate", (post("/inference/v1/generate", {"model": MODEL, "token_ids": GOLDEN_PROMPT_IDS,
+                                                             "sampling_params": {"max_tokens": 8, "temperature": 0,
+                                                                                 "stop_token_ids": [198]}}),),
+         "golden"),
+    Case("golden/generate_stream", (post("/inference/v1/generate", {"model": MODEL, "token_ids": GOLDEN_PROMPT_IDS,
+                                                                    "stream": True, "sampling_params": {
+                                                                        "max_tokens": 8, "temperature": 0}}),),
+         "golden"),
     # --- /v1/completions ---
     Case("completions/text", completions(prompt="The quick brown fox", max_tokens=6, **GREEDY)),
     Case("completions/token_ids", completions(prompt=PROMPT_IDS, max_tokens=6, return_token_ids=True, **GREEDY)),

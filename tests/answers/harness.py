@@ -10,12 +10,15 @@ the same pair, so a session continuation sees its first turn.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from pathlib import Path
+from unittest import mock
 
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
+from tests.answers import golden_replay
 from tests.answers.cases import CASES, SETUPS, Case, Request
 
 # The response headers an answer is compared on (when present): the rest are aiohttp's (Date, Server;
@@ -83,12 +86,15 @@ async def _setup(name: str, tokenizer_dir: Path):
     from token_proxy.sglang.discovery import wait_until_connected
     from token_proxy.simulator import SimConfig, create_sim_app
 
-    sim_overrides, proxy_overrides = SETUPS[name]
-    sim = TestServer(create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir), enable_deterministic_inference=True,
-                                              keep_alive_s=0.0, **sim_overrides)))
+    setup = SETUPS[name]
+    sim_app = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir), enable_deterministic_inference=True,
+                                       keep_alive_s=0.0, **setup.sim))
+    if setup.golden:
+        sim_app.middlewares.insert(0, golden_replay.replay_generate)
+    sim = TestServer(sim_app)
     await sim.start_server()
     url = str(sim.make_url("")).rstrip("/")
-    settings = Settings(backend_url=url, tokenizer=str(tokenizer_dir), backend_wait_s=10.0, **proxy_overrides)
+    settings = Settings(backend_url=url, tokenizer=str(tokenizer_dir), backend_wait_s=10.0, **setup.proxy)
     client = TestClient(TestServer(create_app(settings)))
     await client.start_server()
     if not await wait_until_connected(client.app, settings.backend_wait_s):
@@ -99,24 +105,33 @@ async def _setup(name: str, tokenizer_dir: Path):
 async def run_cases(tokenizer_dir: Path, cases: tuple[Case, ...] = CASES) -> dict[str, dict]:
     """{case name: {"setup", "requests": [the requests sent], "answers": [status, headers, normalized body]}},
     in case order; the cases of each setup run in order on one simulator + proxy pair."""
+    from token_proxy.sglang import discovery
+
     results: dict[str, dict] = {}
-    for setup in SETUPS:
-        mine = [case for case in cases if case.setup == setup]
-        if not mine:
-            continue
-        sim, client = await _setup(setup, tokenizer_dir)
-        try:
-            for case in mine:
-                sent, answers = [], []
-                for step in case.steps:
-                    request = step(answers) if callable(step) else step
-                    sent.append(_describe(request))
-                    answers.append(await _send(client, request, {str(tokenizer_dir): "<tokenizer_dir>"}))
-                results[case.name] = {"setup": setup, "requests": sent, "answers": answers}
-        finally:
-            await client.close()
-            await sim.close()
-    return {case.name: results[case.name] for case in cases}
+    # Every proxy loads its tokenizer through the product's loader, once per run (loading takes ~1 s; the
+    # proxies share one loaded tokenizer, as conftest's shared_tokenizer has every test's proxies do).
+    with mock.patch.object(discovery, "load_tokenizer", functools.cache(discovery.load_tokenizer)):
+        for setup in SETUPS:
+            await _run_setup(setup, [case for case in cases if case.setup == setup], tokenizer_dir, results)
+    return {case.name: results[case.name] for case in cases if case.name in results}
+
+
+async def _run_setup(setup: str, mine: list[Case], tokenizer_dir: Path, results: dict[str, dict]) -> None:
+    """The cases of one setup, in order, on one fresh simulator + proxy pair."""
+    if not mine or (SETUPS[setup].golden and not golden_replay.available()):
+        return  # without ../shared/golden the golden cases are left out (the test skips them)
+    sim, client = await _setup(setup, tokenizer_dir)
+    try:
+        for case in mine:
+            sent, answers = [], []
+            for step in case.steps:
+                request = step(answers) if callable(step) else step
+                sent.append(_describe(request))
+                answers.append(await _send(client, request, {str(tokenizer_dir): "<tokenizer_dir>"}))
+            results[case.name] = {"setup": setup, "requests": sent, "answers": answers}
+    finally:
+        await client.close()
+        await sim.close()
 
 
 def _describe(request: Request) -> dict:

@@ -13,7 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.answers import golden_replay
 from tests.answers.harness import run_cases
+from tests.support.golden import ENV, candidates
 from token_proxy.simulator.builtin_tokenizer import ensure_builtin_tokenizer
 
 FIXTURE = Path(__file__).with_name("answers.json")
@@ -26,6 +28,10 @@ def dumps(results: dict) -> str:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else FIXTURE
+    if not golden_replay.available():
+        print(f"record: the golden SGLang recordings are not here ({', '.join(map(str, candidates()))}); set "
+              f"{ENV} to the folder holding {' and '.join(golden_replay.FILES)}", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = ensure_builtin_tokenizer(Path(tmp) / "qwen2-tokenizer")
         results = asyncio.run(run_cases(tokenizer_dir))
