@@ -1,6 +1,7 @@
 """Run the answer cases (cases.py) against the proxy app in-process, in front of the built-in SGLang
-simulator, and normalize what comes back: the recorder (record.py) writes the result, the test
-(test_answers_unchanged.py) compares with it.
+simulator (or, for the golden setup, real SGLang's recorded /generate replies: golden_replay.py), and
+normalize what comes back: the recorder (record.py) writes the result, the test (test_answers_unchanged.py)
+compares with it.
 
 Every setup is a fresh simulator (deterministic inference, sampled requests carry seeds) and a fresh proxy,
 started in this process on local ports (nothing leaves the machine). The cases of one setup run in order on
