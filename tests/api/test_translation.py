@@ -8,8 +8,9 @@ from token_proxy.api.chat.format import ChatFormatter, PlainText
 from token_proxy.api.chat.request import parse_chat_request
 from token_proxy.api.logprobs import CLAMP, TokenNamer, chat_logprob_content, top_row
 from token_proxy.errors import InvalidRequest
-from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta, map_finish
+from token_proxy.pipeline.output_rules import OutputRules, map_finish
 from token_proxy.sglang.payload import generate_payload, resolve_max_tokens
+from token_proxy.vocabulary import ResponseMeta
 
 VOCAB = 151665
 EOS = 151645

@@ -13,8 +13,9 @@ from token_proxy.api.generate.format import GenerateFormatter
 from token_proxy.api.generate.request import parse_generate_tokens
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.pipeline import output_rules as output_rules_module
-from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
+from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.stream_frames import TEXT_PROBE, StreamFrames
+from token_proxy.vocabulary import ResponseMeta
 
 VOCAB = 151665
 EOS = 151645

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from token_proxy.sglang.payload import SamplingRequest
+from token_proxy.vocabulary import Output, SamplingRequest, Usage
 
 REPLACEMENT = "\ufffd"
 _NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
@@ -34,41 +34,6 @@ _NO_ITEMS: list = []  # never changed: an event without ids or logprobs
 _COMPACT_AT = 4096
 NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use `feed`
 _RUNNING: Any = object()  # _advance's index when called as feed_running
-
-
-@dataclass(slots=True)
-class Output:
-    """New output of one choice: a stream's delta, or (not streaming) the whole choice."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list  # SGLang triples [logprob, id, text] for token_ids
-    top_logprobs: list  # SGLang top rows for token_ids
-    finish_reason: str | None  # vLLM's, on a choice's last output
-    stop_reason: int | str | None
-    first: bool  # the choice's first output
-    meta: dict  # the event's meta_info (e.g. prompt logprobs)
-    completion_tokens: int  # the choice's output tokens so far
-    weight_versions: list[dict] | None = None  # on a choice's last output: vLLM's spans
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None
-
-    def body(self, drop_nulls: bool = False) -> dict:
-        """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
-        report = {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": None,
-        }
-        return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
 
 
 def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
@@ -308,13 +273,3 @@ class OutputRules:
         state.text = self._decode(state.ids[:-1])
         self.cut_short = True
         return ids[: cut + 1], logprobs[: cut + 1], top[: cut + 1], {"type": "stop", "matched": ids[cut]}
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseMeta:
-    """Per-response facts every formatter needs besides the request and the outputs."""
-
-    response_id: str
-    created: int
-    model: str
-    prompt_ids: list[list[int]]  # per prompt (chat and generate have one)

@@ -24,40 +24,17 @@ from token_proxy.http_io import json_response, response_headers
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.pipeline.job import Job
-from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
+from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
-from token_proxy.sglang.client import Reloads
-from token_proxy.sglang.payload import SamplingRequest, resolve_max_tokens, sglang_request
+from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.vocabulary import ModelTarget, Output, ResponseMeta, SamplingRequest, Usage
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"
 
 
 # ---- step 7a: which model serves the request: the served model, or what a registered resolver finds
-
-class Hold(Protocol):
-    """A request's hold on what its model needs (a LoRA adapter's version), released when it ends."""
-
-    def release(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ModelTarget:
-    """The model a request runs on: `name` is what responses report; `lora_path` (when set) goes to
-    SGLang as /generate's `lora_path`, selecting a loaded adapter. An adapter request holds a `lease`
-    on the adapter version it resolved, so an in-place reload never unloads it under the request, and
-    `reloads` loads it again on a worker that lost it (the call's lost-adapter retry)."""
-
-    name: str
-    lora_path: str | None = None
-    lease: Hold | None = None
-    reloads: Reloads | None = None
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-
 
 # The hook for a requested name that is not the served model (nor one of its aliases): its target, or
 # vLLM's 404 (NotFound naming `model`). lora/ registers the adapter lookup at start-up; without one,

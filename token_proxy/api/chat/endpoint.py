@@ -17,11 +17,11 @@ from token_proxy.api.logprobs import TokenNamer
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.job import Job
-from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_state import RequestStats, stats_of
 from token_proxy.pipeline.run import prepare, run_pipeline
 from token_proxy.sglang.payload import with_sampling_overrides
 from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.vocabulary import ResponseMeta
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -15,9 +15,9 @@ from typing import Protocol
 
 from token_proxy.api.chat.request import ChatRequest
 from token_proxy.api.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
-from token_proxy.pipeline.output_rules import Output, ResponseMeta, Usage
 from token_proxy.tools import OutputParsing, StreamParser, merge_deltas
 from token_proxy.tools import finish_reason as tool_finish_reason
+from token_proxy.vocabulary import Output, ResponseMeta, Usage
 
 
 class ChatOutputParser(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from token_proxy.api.completions.request import CompletionRequest
 from token_proxy.api.logprobs import TokenNamer, completion_logprobs, prompt_logprobs
-from token_proxy.pipeline.output_rules import Output, ResponseMeta, Usage
+from token_proxy.vocabulary import Output, ResponseMeta, Usage
 
 
 class CompletionFormatter:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from token_proxy.api.generate.request import GenerateTokensRequest
 from token_proxy.api.logprobs import TokenNamer, clamp, prompt_logprobs
-from token_proxy.pipeline.output_rules import Output, ResponseMeta, Usage
+from token_proxy.vocabulary import Output, ResponseMeta, Usage
 
 
 def token_logprobs(triples: list, rows: list | None, top_n: int) -> list[dict]:
