@@ -7,6 +7,10 @@ bottom of the house (it imports nothing of the project), so no reader has to liv
   step 7a resolves it; lora/ makes adapter targets);
 - `Output`, `Usage`, `ResponseMeta`: what the output rules (pipeline/output_rules.py) give the endpoints'
   formatters.
+
+Values only: no rule runs here (the rules that read them live with their readers: the proxy's own stop ids
+and vLLM's usage body in the output rules, a target's release in pipeline/run.py), so a request's path
+gains no module for its vocabulary.
 """
 
 from __future__ import annotations
@@ -51,12 +55,6 @@ class SamplingRequest:
     # sampling_params.stream_interval (first token at once, then every N, and the last).
     stream_interval: int | None = None
 
-    @property
-    def proxy_stop_ids(self) -> frozenset[int]:
-        """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
-        vLLM's does not."""
-        return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
-
 
 class Reloads(Protocol):
     """What re-loads lost adapters: LoraAdmin, or a worker process's RemoteLora."""
@@ -79,12 +77,8 @@ class ModelTarget:
 
     name: str
     lora_path: str | None = None
-    lease: Hold | None = None
+    lease: Hold | None = None  # let go when the request ends: pipeline/run.py's `release_target`
     reloads: Reloads | None = None
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
 
 
 # ---- the response: what the output rules give the formatters
@@ -111,17 +105,6 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None
-
-    def body(self, drop_nulls: bool = False) -> dict:
-        """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
-        report = {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": None,
-        }
-        return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
 
 
 @dataclass(frozen=True, slots=True)

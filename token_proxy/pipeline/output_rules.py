@@ -36,6 +36,24 @@ NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use 
 _RUNNING: Any = object()  # _advance's index when called as feed_running
 
 
+def proxy_stop_ids(sampling: SamplingRequest) -> frozenset[int]:
+    """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
+    vLLM's does not."""
+    return frozenset(sampling.stop_token_ids) if sampling.ignore_eos else frozenset()
+
+
+def usage_body(usage: Usage, drop_nulls: bool = False) -> dict:
+    """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
+    report = {
+        "prompt_tokens": usage.prompt_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "prompt_tokens_details": None if usage.cached_tokens is None else {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": None,
+    }
+    return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
+
+
 def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
     """SGLang's finish_reason -> vLLM's (finish_reason, stop_reason).
 
@@ -118,7 +136,7 @@ class OutputRules:
         self._decode = decode
         self._choices = [_Choice() for _ in range(choices)]
         self._holdback = max((len(s) for s in sampling.stop), default=1) - 1
-        self._stop_ids = sampling.proxy_stop_ids
+        self._stop_ids = proxy_stop_ids(sampling)
         # Under proxy stop ids a cut re-spells the whole choice (_cut_at_stop_id): nothing is dropped.
         self._compact_at = None if self._stop_ids or not incremental else self._holdback + 1 + _COMPACT_AT
         self._eos = None if sampling.ignore_eos else eos_token_id  # under ignore_eos vLLM names every stop id

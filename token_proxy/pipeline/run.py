@@ -43,6 +43,12 @@ ModelResolver = Callable[[str], Awaitable[ModelTarget]]
 MODEL_RESOLVER = web.AppKey("model_resolver", ModelResolver)
 
 
+def release_target(target: ModelTarget) -> None:
+    """The request ended: let go of what its model needed (an adapter's lease), if anything."""
+    if target.lease is not None:
+        target.lease.release()
+
+
 def unknown_model(requested: str) -> NotFound:
     return NotFound(f"The model `{requested}` does not exist.", param="model")
 
@@ -85,7 +91,7 @@ async def prepare(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, s
         limits = [max_tokens_for(ctx, sampling, ids) for ids in prompts]
         return Prepared(target, sampling, prompts, limits, response_id(request, job))
     except BaseException:
-        target.release()
+        release_target(target)
         raise
 
 
@@ -126,7 +132,7 @@ async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamRe
     try:
         return await _serve(request, ctx, endpoint, prepared, stats)
     finally:
-        target.release()
+        release_target(target)
 
 
 def max_tokens_for(ctx: ProxyContext, sampling: SamplingRequest, ids: list[int]) -> int:
