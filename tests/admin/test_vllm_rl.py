@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import free_port, until
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
+from token_proxy.sglang import sglang_request
 from token_proxy.sglang.client import response_id_of
-from token_proxy.sglang.payload import sglang_request
 from token_proxy.sglang.versions import features_for
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.rl_routes import RL_SIM

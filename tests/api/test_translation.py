@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from token_proxy.api import TokenNamer
+from token_proxy.api.chat import parse_chat_request
 from token_proxy.api.chat.format import ChatFormatter, PlainText
-from token_proxy.api.chat.request import parse_chat_request
-from token_proxy.api.logprobs import CLAMP, TokenNamer, chat_logprob_content, top_row
+from token_proxy.api.logprobs import CLAMP, chat_logprob_content, top_row
 from token_proxy.errors import InvalidRequest
 from token_proxy.pipeline.output_rules import OutputRules, map_finish, proxy_stop_ids
 from token_proxy.sglang.payload import generate_payload, resolve_max_tokens

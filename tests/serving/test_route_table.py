@@ -9,7 +9,8 @@ import pytest
 from aiohttp import web
 
 from token_proxy.admin.forward import FORWARDS
-from token_proxy.api.sampling import RANGES, parse_sampling
+from token_proxy.api import parse_sampling
+from token_proxy.api.sampling import RANGES
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import ROUTE_TABLE, route_kind, routes_where
 from token_proxy.ids import MAX_ID_CHARS, checked_id

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.admin import flush
-from token_proxy.admin.workers import ADMIN
-from token_proxy.sglang.payload import sampling_params, sglang_request
+from token_proxy.admin import ADMIN, flush
+from token_proxy.sglang import sglang_request
+from token_proxy.sglang.payload import sampling_params
 from token_proxy.sglang.sampling import keys_for
 from token_proxy.sglang.versions import SAMPLING_KEYS_0517, features_for
 from token_proxy.simulator import SIM_STATE
