@@ -33,10 +33,11 @@ from token_proxy.api.chat.format import ChatFormatter
 from token_proxy.api.chat.request import parse_chat_request
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.pipeline.call import _relay
-from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
+from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.relay import RelayStream
+from token_proxy.vocabulary import ResponseMeta
 
 VOCAB = 151665
 EOS = 151645

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
 
 import orjson
 from aiohttp import web
 
 from token_proxy.errors import InvalidRequest
+from token_proxy.route_row import ADMIN, RouteFlags
 
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
                "X-Accel-Buffering": "no"}
@@ -64,26 +64,10 @@ def _encodable(body: dict) -> bool:
 
 
 # --- the route table's flags, as request data --------------------------------------------------------
-# routes.add_routes fills ROUTE_TABLE (path -> routes.Route); the middleware (ops/) reads a route's flags
+# routes.add_routes fills ROUTE_TABLE (path -> route_row.Route); the middleware (ops/) reads a route's flags
 # here, so it never imports routes.py (which is above it: it imports the handlers).
 
-INFERENCE, TOKENIZER, ADMIN, OPS = "inference", "tokenizer", "admin", "ops"  # a route's class (`kind`)
-
-
-class RouteFlags(Protocol):
-    """What the middleware reads of a routes.Route."""
-
-    path: str
-    kind: str  # INFERENCE (API key + an admission slot) / TOKENIZER (API key) / ADMIN (admin key) / OPS
-    quiet: bool  # its access line logs at DEBUG (probes and scrapes)
-    served: bool  # the proxy answers it itself (not only listed for its class)
-    weight_update: bool  # swaps weights: timed and counted by the metrics
-    sets_version: bool  # SGLang may serve another weight version after it
-    in_openapi: bool  # described by GET /openapi.json
-    worker: str  # "local": this process's own handler answers it (the data plane); "owner": the admin plane
-
-
-ROUTE_TABLE = web.AppKey("route_table", dict)  # path -> routes.Route
+ROUTE_TABLE = web.AppKey("route_table", dict)  # path -> route_row.Route
 
 
 def route_of(app: web.Application, path: str) -> RouteFlags | None:

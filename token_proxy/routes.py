@@ -12,8 +12,7 @@ Paths not listed are the admin plane's pass-through to SGLang (class admin).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -33,21 +32,18 @@ from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
-from token_proxy.http_io import ADMIN, INFERENCE, OPS, ROUTE_TABLE, TOKENIZER, json_response, kind_in
+from token_proxy.http_io import ROUTE_TABLE, json_response, kind_in
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
 from token_proxy.ops.exposition import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
+from token_proxy.route_row import ADMIN, INFERENCE, LOCAL, OPS, OWNER, TOKENIZER, Handler, Route
 from token_proxy.sglang.pause import PRIME_RL, VLLM
 from token_proxy.state import CONTEXT
 
-# Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
-# (a worker forwards it there over the owner's socket: serving/process_app.py).
-LOCAL, OWNER = "local", "owner"
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
 SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # /v1/models' owned_by while the built-in simulator serves: its tokens come from no model.
 SIMULATED_OWNER = "sglang-token-proxy-simulator (not a model: start with --backend)"
 
@@ -85,25 +81,6 @@ async def health(request: web.Request) -> web.Response:
     if reason is None:
         return web.Response(status=200)
     return json_response(BackendUnavailable(reason).body(), status=503)
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    path: str
-    methods: tuple[str, ...]
-    handler: Handler | None  # None: SGLang answers it (the pass-through); listed for its class and flags
-    kind: str  # INFERENCE / TOKENIZER / ADMIN / OPS
-    quiet: bool = False  # probes and scrapes would drown the requests that matter: logged at DEBUG
-    weight_update: bool = False  # swaps weights: the metrics time and count it, then re-read the version
-    sets_version: bool = False  # SGLang may serve another weight version after it: the gauge is re-read
-    dialect: str | None = None
-    worker: str = LOCAL
-    in_openapi: bool = False  # GET /openapi.json describes it (a test holds ops/openapi.py to these rows)
-
-    @property
-    def served(self) -> bool:
-        """The proxy answers it itself (a row with no handler is only listed)."""
-        return self.handler is not None
 
 
 POST, GET, GET_POST = ("POST",), ("GET",), ("GET", "POST")

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.admin_fixtures import free_port, until
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.params import initial_params
 from token_proxy.simulator.testing import parse_sse

@@ -15,7 +15,7 @@ from aiohttp import web
 torch = pytest.importorskip("torch")
 
 from tests.support.admin_fixtures import free_port, proxy_url, sim_process, until
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
 from token_proxy.broadcast import BroadcastError, SGLangBroadcaster, nccl_env
 from token_proxy.broadcast import broadcaster as broadcaster_module
 from token_proxy.simulator.params import PARAM_SHAPES

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse

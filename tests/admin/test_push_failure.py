@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.weight_routes import WEIGHTS

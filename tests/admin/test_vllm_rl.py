@@ -10,15 +10,16 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import free_port, until
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
+from token_proxy.sglang import sglang_request
 from token_proxy.sglang.client import response_id_of
-from token_proxy.sglang.payload import SamplingRequest, sglang_request
 from token_proxy.sglang.versions import features_for
 from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse
 from token_proxy.simulator.weight_routes import WEIGHTS
 from token_proxy.state import CONTEXT
+from token_proxy.vocabulary import SamplingRequest
 
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]
 LONG = {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 40, "temperature": 0,

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.config import VERSIONS
 from token_proxy.simulator.rl_routes import RL_SIM

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from token_proxy.api.chat.request import ChatFeatures, ToolFlags, parse_chat_request
+from token_proxy.api.chat import parse_chat_request
+from token_proxy.api.chat.request import ChatFeatures, ToolFlags
 from token_proxy.errors import InvalidRequest
 
 VOCAB = 1000

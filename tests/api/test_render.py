@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 
 from token_proxy.api.chat.render import vllm_sampling_params
-from token_proxy.sglang.payload import SamplingRequest
 from token_proxy.simulator import SIM_STATE
+from token_proxy.vocabulary import SamplingRequest
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 # The rendering real SGLang 0.5.17 saw for USER (tests/api/test_proxy_chat.py: GOLDEN_PROMPT_IDS).

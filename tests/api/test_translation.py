@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from token_proxy.api import TokenNamer
+from token_proxy.api.chat import parse_chat_request
 from token_proxy.api.chat.format import ChatFormatter, PlainText
-from token_proxy.api.chat.request import parse_chat_request
-from token_proxy.api.logprobs import CLAMP, TokenNamer, chat_logprob_content, top_row
+from token_proxy.api.logprobs import CLAMP, chat_logprob_content, top_row
 from token_proxy.errors import InvalidRequest
-from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta, map_finish
+from token_proxy.pipeline.output_rules import OutputRules, map_finish, proxy_stop_ids
 from token_proxy.sglang.payload import generate_payload, resolve_max_tokens
+from token_proxy.vocabulary import ResponseMeta
 
 VOCAB = 151665
 EOS = 151645
@@ -48,8 +50,8 @@ def test_ignore_eos_with_stop_ids_leaves_the_stop_ids_to_the_proxy():
     req = chat(ignore_eos=True, stop_token_ids=[5, 6])
     params = payload_for(req)["sampling_params"]
     assert params["ignore_eos"] is True and "stop_token_ids" not in params
-    assert req.sampling.proxy_stop_ids == {5, 6}
-    assert chat(stop_token_ids=[5]).sampling.proxy_stop_ids == frozenset()
+    assert proxy_stop_ids(req.sampling) == {5, 6}
+    assert proxy_stop_ids(chat(stop_token_ids=[5]).sampling) == frozenset()
 
 
 def test_absent_max_tokens_means_rest_of_context_never_sglangs_128():

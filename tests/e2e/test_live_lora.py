@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from token_proxy.errors import NotFound
-from token_proxy.lora.registry import ADAPTERS
+from token_proxy.lora import ADAPTERS
 
 PROMPT = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}

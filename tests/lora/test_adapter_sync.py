@@ -3,7 +3,8 @@ owner unload a replaced adapter version?"""
 
 from __future__ import annotations
 
-from token_proxy.lora.registry import Adapter, AdapterRegistry
+from token_proxy.lora import AdapterRegistry
+from token_proxy.lora.registry import Adapter
 from token_proxy.lora.sync import AdapterPublisher, apply_map
 
 

@@ -14,12 +14,11 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, stop_after_d
 from tests.support.admin_fixtures import free_port, proxy_url, until
 from tests.support.lora_fixtures import greedy, write_adapter
 from token_proxy.errors import InvalidRequest, NotFound
+from token_proxy.lora import ADAPTERS, LORA, AdapterRegistry
 from token_proxy.lora.leases import is_lost_adapter_error, retry_if_lost
-from token_proxy.lora.registry import ADAPTERS, Adapter, AdapterRegistry
+from token_proxy.lora.registry import Adapter
 from token_proxy.lora.routes import adapter_cards
-from token_proxy.lora.workers import LORA
-from token_proxy.simulator import SIM_STATE, SimConfig
-from token_proxy.simulator.app import start_simulator
+from token_proxy.simulator import SIM_STATE, SimConfig, start_simulator
 from token_proxy.state import CONTEXT
 
 BASE = "sim/qwen2-tiny"

@@ -15,10 +15,9 @@ from token_proxy.cli import parse_settings
 from token_proxy.errors import InvalidRequest
 from token_proxy.settings import Settings
 from token_proxy.state import CONTEXT
+from token_proxy.tokenization import ChatPrompt, PromptRenderer
 from token_proxy.tokenization.renderer import (
     INLINE_MAX_SIZE,
-    ChatPrompt,
-    PromptRenderer,
     encode_text,
     entry_bytes,
     render_chat_ids,

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from token_proxy.api import TokenNamer
+from token_proxy.api.chat import parse_chat_request
 from token_proxy.api.chat.format import ChatFormatter
-from token_proxy.api.chat.request import parse_chat_request
+from token_proxy.api.completions import parse_completion_request
 from token_proxy.api.completions.format import CompletionFormatter
-from token_proxy.api.completions.request import parse_completion_request
+from token_proxy.api.generate import parse_generate_tokens
 from token_proxy.api.generate.format import GenerateFormatter
-from token_proxy.api.generate.request import parse_generate_tokens
-from token_proxy.api.logprobs import TokenNamer
 from token_proxy.pipeline import output_rules as output_rules_module
-from token_proxy.pipeline.output_rules import OutputRules, ResponseMeta
+from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.stream_frames import TEXT_PROBE, StreamFrames
+from token_proxy.vocabulary import ResponseMeta
 
 VOCAB = 151665
 EOS = 151645

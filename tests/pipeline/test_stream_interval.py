@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from token_proxy.api.sampling import parse_sampling
+from token_proxy.api import parse_sampling
 from token_proxy.sglang.payload import sampling_params
 from token_proxy.simulator.testing import stream_events
 

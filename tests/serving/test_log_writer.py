@@ -9,8 +9,8 @@ import os
 
 import orjson
 
-from token_proxy.ops import log_writer
-from token_proxy.ops.access_log import ACCESS_LOGGER, configure_logging, sole_writer
+from token_proxy.ops import configure_logging, log_writer
+from token_proxy.ops.access_log import ACCESS_LOGGER, sole_writer
 from token_proxy.ops.log_writer import PIPE_BUF, LogWriter
 
 

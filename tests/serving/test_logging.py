@@ -10,7 +10,8 @@ import re
 import orjson
 import pytest
 
-from token_proxy.ops.access_log import ACCESS_LOGGER, JsonFormatter, configure_logging
+from token_proxy.ops import configure_logging
+from token_proxy.ops.access_log import ACCESS_LOGGER, JsonFormatter
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"

@@ -11,9 +11,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from token_proxy.admin.workers import ADMIN
-from token_proxy.ops.metrics import METRICS, UNMATCHED
-from token_proxy.pipeline.request_state import stats_of
+from token_proxy.admin import ADMIN
+from token_proxy.ops import METRICS
+from token_proxy.ops.metrics import UNMATCHED
+from token_proxy.pipeline import stats_of
 from token_proxy.simulator import SIM_STATE
 
 CHAT = "/v1/chat/completions"
@@ -229,7 +230,7 @@ async def test_middleware_costs_microseconds(proxy):
     """A budget, not a benchmark: the middleware's own work stays far below a millisecond."""
     import time
 
-    from token_proxy.pipeline.request_state import RequestStats
+    from token_proxy.pipeline import RequestStats
 
     metrics = proxy.app[METRICS]
     stats = RequestStats(endpoint=CHAT, stream=True, prompt_tokens=10, completion_tokens=20, prompt_cache_hit=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 import token_proxy
-from token_proxy.admin.workers import ADMIN
+from token_proxy.admin import ADMIN
 from token_proxy.ops.metrics import ADMIN_STATUSES
 from token_proxy.simulator import SIM_STATE
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from token_proxy.ops.metrics import METRICS
+from token_proxy.ops import METRICS
 from token_proxy.simulator.testing import stream_events
 
 MODEL = "sim/qwen2-tiny"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from token_proxy.ops import METRICS, ProxyMetrics
 from token_proxy.ops.histograms import one_two_five_buckets
-from token_proxy.ops.metrics import METRICS, ProxyMetrics
-from token_proxy.pipeline.request_state import RequestStats
+from token_proxy.pipeline import RequestStats
 from token_proxy.state import CONTEXT
 
 MODEL = "sim/qwen2-tiny"

@@ -9,12 +9,14 @@ import pytest
 from aiohttp import web
 
 from token_proxy.admin.forward import FORWARDS
-from token_proxy.api.sampling import RANGES, parse_sampling
+from token_proxy.api import parse_sampling
+from token_proxy.api.sampling import RANGES
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import ROUTE_TABLE, route_kind, routes_where
 from token_proxy.ids import MAX_ID_CHARS, checked_id
 from token_proxy.ops.openapi import Limits, openapi_spec
-from token_proxy.routes import ADMIN, INFERENCE, OPS, OWNER, ROUTES, TOKENIZER, route_class
+from token_proxy.route_row import ADMIN, INFERENCE, OPS, OWNER, TOKENIZER
+from token_proxy.routes import ROUTES, route_class
 from token_proxy.serving.process_app import add_worker_plane, forward_to_owner
 from token_proxy.sglang.pause import PRIME_RL, VLLM, to_sglang
 from token_proxy.state import CONTEXT

@@ -209,7 +209,7 @@ def test_backend_without_an_http_scheme_is_refused(given, capsys):
 async def test_wait_reasons_say_what_happened(aiohttp_server, unused_tcp_port):
     import aiohttp
 
-    from token_proxy.sglang.client import SGLangClient
+    from token_proxy.sglang import SGLangClient
 
     async def unhealthy(request):
         return web.Response(status=503)

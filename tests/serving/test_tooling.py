@@ -72,3 +72,22 @@ def test_every_package_face_says_what_it_holds_and_its_door_opens(package):
     assert face.__all__, package
     for name in face.__all__:
         assert getattr(face, name) is not None, (package, name)
+
+
+def test_tests_import_a_public_name_through_its_face():
+    """Issue 29: a name a package's face exports (`__all__`) is imported from the face, not from the module
+    behind it; a test of a module's internals imports the module (its other names are on no face)."""
+    import ast
+
+    faces = {f"token_proxy.{package}": importlib.import_module(f"token_proxy.{package}") for package in PACKAGES}
+    deep = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module in faces or not node.module \
+                    or not node.module.startswith("token_proxy."):
+                continue
+            above = [face for name, face in faces.items() if node.module.startswith(name + ".")]
+            for alias in node.names:
+                if any(alias.name in face.__all__ for face in above):
+                    deep.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}")
+    assert deep == []

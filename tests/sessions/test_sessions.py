@@ -23,7 +23,8 @@ from token_proxy.sessions import (
     SessionStore,
     TemplateCodec,
 )
-from token_proxy.tokenization.renderer import ChatPrompt, render_chat_ids
+from token_proxy.tokenization import ChatPrompt
+from token_proxy.tokenization.renderer import render_chat_ids
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city.",

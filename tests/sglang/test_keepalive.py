@@ -10,9 +10,10 @@ import aiohttp
 import pytest
 
 from token_proxy.errors import BackendUnavailable
-from token_proxy.ops.metrics import METRICS
+from token_proxy.ops import METRICS
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import ReuseAwareConnector, SGLangClient, send
+from token_proxy.sglang import SGLangClient
+from token_proxy.sglang.client import ReuseAwareConnector, send
 from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 

@@ -8,7 +8,8 @@ import logging
 
 import pytest
 
-from token_proxy.sglang.picture import BackendInfo, SGLangPicture, agree, picture_of
+from token_proxy.sglang import SGLangPicture
+from token_proxy.sglang.picture import BackendInfo, agree, picture_of
 from token_proxy.sglang.versions import features_for
 
 A, B, C = "http://a:30000", "http://b:30000", "http://c:30000"

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from tests.support.admin_fixtures import free_port, stop_process, until
-from token_proxy.admin.workers import ADMIN
-from token_proxy.ops.metrics import METRICS
+from token_proxy.admin import ADMIN
+from token_proxy.ops import METRICS
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import set_sglang_metrics
 from token_proxy.simulator.testing import stream_events

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.admin import flush
-from token_proxy.admin.workers import ADMIN
-from token_proxy.sglang.payload import SamplingRequest, sampling_params, sglang_request
+from token_proxy.admin import ADMIN, flush
+from token_proxy.sglang import sglang_request
+from token_proxy.sglang.payload import sampling_params
 from token_proxy.sglang.sampling import keys_for
 from token_proxy.sglang.versions import SAMPLING_KEYS_0517, features_for
 from token_proxy.simulator import SIM_STATE
@@ -22,6 +22,7 @@ from token_proxy.simulator.config import VERSIONS
 from token_proxy.simulator.sampling_params import KNOWN_KEYS
 from token_proxy.simulator.testing import parse_sse
 from token_proxy.state import CONTEXT
+from token_proxy.vocabulary import SamplingRequest
 
 USER = [{"role": "user", "content": "Count slowly."}]
 FOX = [785, 3974, 13876, 38835, 34208, 916, 279, 15678, 5562, 13]

@@ -314,7 +314,7 @@ async def test_an_https_sglang_whose_certificate_is_not_trusted_is_unreachable(m
     deployment's own CA would be) refuses the stream before anything is sent."""
     import ssl
 
-    from token_proxy.sglang.client import SGLangClient
+    from token_proxy.sglang import SGLangClient
 
     sim = await make_tls_sim()
     url = str(sim.make_url("")).rstrip("/")

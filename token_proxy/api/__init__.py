@@ -1,16 +1,16 @@
 """The data plane's OpenAI/vLLM dialect: one subpackage per endpoint (chat, completions, generate,
 tokenize: request, endpoint, format) over the shared field readers (fields.py), the sampling fields
-(sampling.py), messages (messages.py) and logprobs (logprobs.py). Handlers hand a parsed request to the
-pipeline (pipeline/run.py); none imports another endpoint or lora/."""
+(sampling.py, parsed into the shared vocabulary's `SamplingRequest`: token_proxy/vocabulary.py), messages
+(messages.py) and logprobs (logprobs.py). Handlers hand a parsed request to the pipeline
+(pipeline/run.py); none imports another endpoint or lora/."""
 
 from token_proxy.faces import door
 
 __all__ = [
-    "SamplingRequest", "TokenNamer", "parse_chat_prompt", "parse_sampling", "token_id_list",
+    "TokenNamer", "parse_chat_prompt", "parse_sampling", "token_id_list",
 ]
 
 __getattr__ = door(__name__, {
-    "SamplingRequest": "sampling",
     "TokenNamer": "logprobs",
     "parse_chat_prompt": "messages",
     "parse_sampling": "sampling",

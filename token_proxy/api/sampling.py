@@ -1,5 +1,5 @@
-"""vLLM/OpenAI sampling fields: validated into one SamplingRequest (sglang/payload.py, where the pipeline and
-the SGLang payload read it), shared by every endpoint."""
+"""vLLM/OpenAI sampling fields: validated into one SamplingRequest (the shared vocabulary's,
+token_proxy/vocabulary.py: the pipeline and the SGLang payload read it), shared by every endpoint."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from token_proxy.api.fields import (
     token_id_list,
 )
 from token_proxy.errors import InvalidRequest
-from token_proxy.sglang.payload import SamplingRequest
+from token_proxy.vocabulary import SamplingRequest
 
 MAX_TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
 MAX_STOP_STRINGS = 32  # SGLang's limit

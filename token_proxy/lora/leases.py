@@ -6,10 +6,11 @@ process asks its owner, serving/process_app.py): whatever re-loads is passed in.
 
 from __future__ import annotations
 
-from token_proxy.sglang.client import Reloads, retrying
+from token_proxy.sglang.client import retrying
 from token_proxy.sglang.replies import is_lost_adapter as is_lost_adapter_error
+from token_proxy.vocabulary import Reloads
 
-__all__ = ["Reloads", "is_lost_adapter_error", "retry_if_lost"]
+__all__ = ["is_lost_adapter_error", "retry_if_lost"]
 
 
 async def retry_if_lost(lora: Reloads, send):

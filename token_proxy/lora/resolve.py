@@ -12,8 +12,8 @@ from aiohttp import web
 
 from token_proxy.errors import NotFound
 from token_proxy.lora.registry import AdapterRegistry
-from token_proxy.pipeline.run import MODEL_RESOLVER, ModelTarget, unknown_model
-from token_proxy.sglang.client import Reloads
+from token_proxy.pipeline.run import MODEL_RESOLVER, unknown_model
+from token_proxy.vocabulary import ModelTarget, Reloads
 
 __all__ = ["AdapterResolver", "register_resolver"]
 

@@ -17,8 +17,9 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-from token_proxy.http_io import INFERENCE, read_body, route_kind
+from token_proxy.http_io import read_body, route_kind
 from token_proxy.pipeline.request_state import stats_of
+from token_proxy.route_row import INFERENCE
 
 
 class Overloaded(ProxyError):

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from token_proxy.errors import ProxyError
-from token_proxy.http_io import INFERENCE, OPS, TOKENIZER, route_kind
+from token_proxy.http_io import route_kind
+from token_proxy.route_row import INFERENCE, OPS, TOKENIZER
 
 
 class Unauthorized(ProxyError):

@@ -13,13 +13,14 @@ from functools import partial
 from aiohttp import web
 from prometheus_client import disable_created_metrics
 
-from token_proxy.http_io import ADMIN, INFERENCE, route_kind, routes_where
+from token_proxy.http_io import route_kind, routes_where
 from token_proxy.ops.access_log import log_request
 from token_proxy.ops.backend_scrape import backend_metrics, follow_weight_updates
 from token_proxy.ops.metrics import CLIENT_CLOSED, METRICS, UNMATCHED, ProxyMetrics
 from token_proxy.ops.metrics_mirror import mirror_collectors
 from token_proxy.pipeline.request_state import add_request_id_header, stats_of
 from token_proxy.role import ROLE
+from token_proxy.route_row import ADMIN, INFERENCE
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR, SETTINGS
 
 CREATED_SWITCH = "PROMETHEUS_DISABLE_CREATED_SERIES"  # prometheus-client's own, read once at its import

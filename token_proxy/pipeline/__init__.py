@@ -1,8 +1,9 @@
 """The inference pipeline, the one conductor of a request's steps (ARCHITECTURE.md's numbering):
 `prepare` and `run_pipeline` (run.py), the SGLang call (call.py), the output rules (output_rules.py),
 the stream's frames (stream_frames.py), per-request stats (request_state.py), the parsed request
-(job.py) and the fleet's weight versions (fleet_versions.py). It imports no feature: features hook in
-(MODEL_RESOLVER)."""
+(job.py) and the fleet's weight versions (fleet_versions.py). The values it hands the endpoints
+(`ModelTarget`, `Output`, `Usage`, `ResponseMeta`) are the shared vocabulary's (token_proxy/vocabulary.py).
+It imports no feature: features hook in (MODEL_RESOLVER)."""
 
 from token_proxy.faces import door
 
@@ -11,11 +12,7 @@ __all__ = [
     "Endpoint",
     "Formatter",
     "Job",
-    "ModelTarget",
-    "Output",
     "RequestStats",
-    "ResponseMeta",
-    "Usage",
     "prepare",
     "run_pipeline",
     "stats_of",
@@ -26,11 +23,7 @@ __getattr__ = door(__name__, {
     "Endpoint": "run",
     "Formatter": "run",
     "Job": "job",
-    "ModelTarget": "run",
-    "Output": "output_rules",
     "RequestStats": "request_state",
-    "ResponseMeta": "output_rules",
-    "Usage": "output_rules",
     "prepare": "run",
     "run_pipeline": "run",
     "stats_of": "request_state",

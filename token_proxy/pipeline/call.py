@@ -14,12 +14,13 @@ from aiohttp import web
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.pipeline.fleet_versions import FleetVersions, reply_versions, resend_stale
-from token_proxy.pipeline.output_rules import Output, OutputRules
+from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
-from token_proxy.sglang.client import Reloads, abort_all_of, aborting_on_exit
+from token_proxy.sglang.client import abort_all_of, aborting_on_exit
 from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.state import ProxyContext
+from token_proxy.vocabulary import Output, Reloads
 
 
 async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from token_proxy.sglang.payload import SamplingRequest
+from token_proxy.vocabulary import SamplingRequest
 
 
 class ParsedRequest(Protocol):

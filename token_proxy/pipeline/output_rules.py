@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from token_proxy.sglang.payload import SamplingRequest
+from token_proxy.vocabulary import Output, SamplingRequest, Usage
 
 REPLACEMENT = "\ufffd"
 _NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
@@ -36,39 +36,22 @@ NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use 
 _RUNNING: Any = object()  # _advance's index when called as feed_running
 
 
-@dataclass(slots=True)
-class Output:
-    """New output of one choice: a stream's delta, or (not streaming) the whole choice."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list  # SGLang triples [logprob, id, text] for token_ids
-    top_logprobs: list  # SGLang top rows for token_ids
-    finish_reason: str | None  # vLLM's, on a choice's last output
-    stop_reason: int | str | None
-    first: bool  # the choice's first output
-    meta: dict  # the event's meta_info (e.g. prompt logprobs)
-    completion_tokens: int  # the choice's output tokens so far
-    weight_versions: list[dict] | None = None  # on a choice's last output: vLLM's spans
+def proxy_stop_ids(sampling: SamplingRequest) -> frozenset[int]:
+    """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
+    vLLM's does not."""
+    return frozenset(sampling.stop_token_ids) if sampling.ignore_eos else frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None
-
-    def body(self, drop_nulls: bool = False) -> dict:
-        """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
-        report = {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "completion_tokens": self.completion_tokens,
-            "prompt_tokens_details": None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": None,
-        }
-        return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
+def usage_body(usage: Usage, drop_nulls: bool = False) -> dict:
+    """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
+    report = {
+        "prompt_tokens": usage.prompt_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "prompt_tokens_details": None if usage.cached_tokens is None else {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": None,
+    }
+    return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
 
 
 def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
@@ -153,7 +136,7 @@ class OutputRules:
         self._decode = decode
         self._choices = [_Choice() for _ in range(choices)]
         self._holdback = max((len(s) for s in sampling.stop), default=1) - 1
-        self._stop_ids = sampling.proxy_stop_ids
+        self._stop_ids = proxy_stop_ids(sampling)
         # Under proxy stop ids a cut re-spells the whole choice (_cut_at_stop_id): nothing is dropped.
         self._compact_at = None if self._stop_ids or not incremental else self._holdback + 1 + _COMPACT_AT
         self._eos = None if sampling.ignore_eos else eos_token_id  # under ignore_eos vLLM names every stop id
@@ -308,13 +291,3 @@ class OutputRules:
         state.text = self._decode(state.ids[:-1])
         self.cut_short = True
         return ids[: cut + 1], logprobs[: cut + 1], top[: cut + 1], {"type": "stop", "matched": ids[cut]}
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseMeta:
-    """Per-response facts every formatter needs besides the request and the outputs."""
-
-    response_id: str
-    created: int
-    model: str
-    prompt_ids: list[list[int]]  # per prompt (chat and generate have one)

@@ -24,11 +24,11 @@ from token_proxy.http_io import json_response, response_headers
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.pipeline.job import Job
-from token_proxy.pipeline.output_rules import Output, OutputRules, ResponseMeta, Usage
+from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
-from token_proxy.sglang.client import Reloads
-from token_proxy.sglang.payload import SamplingRequest, resolve_max_tokens, sglang_request
+from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.vocabulary import ModelTarget, Output, ResponseMeta, SamplingRequest, Usage
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
 SEED_HONOURED_HEADER = "X-Seed-Honoured"
@@ -36,34 +36,17 @@ SEED_HONOURED_HEADER = "X-Seed-Honoured"
 
 # ---- step 7a: which model serves the request: the served model, or what a registered resolver finds
 
-class Hold(Protocol):
-    """A request's hold on what its model needs (a LoRA adapter's version), released when it ends."""
-
-    def release(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ModelTarget:
-    """The model a request runs on: `name` is what responses report; `lora_path` (when set) goes to
-    SGLang as /generate's `lora_path`, selecting a loaded adapter. An adapter request holds a `lease`
-    on the adapter version it resolved, so an in-place reload never unloads it under the request, and
-    `reloads` loads it again on a worker that lost it (the call's lost-adapter retry)."""
-
-    name: str
-    lora_path: str | None = None
-    lease: Hold | None = None
-    reloads: Reloads | None = None
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-
-
 # The hook for a requested name that is not the served model (nor one of its aliases): its target, or
 # vLLM's 404 (NotFound naming `model`). lora/ registers the adapter lookup at start-up; without one,
 # only the served model and its aliases exist.
 ModelResolver = Callable[[str], Awaitable[ModelTarget]]
 MODEL_RESOLVER = web.AppKey("model_resolver", ModelResolver)
+
+
+def release_target(target: ModelTarget) -> None:
+    """The request ended: let go of what its model needed (an adapter's lease), if anything."""
+    if target.lease is not None:
+        target.lease.release()
 
 
 def unknown_model(requested: str) -> NotFound:
@@ -108,7 +91,7 @@ async def prepare(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, s
         limits = [max_tokens_for(ctx, sampling, ids) for ids in prompts]
         return Prepared(target, sampling, prompts, limits, response_id(request, job))
     except BaseException:
-        target.release()
+        release_target(target)
         raise
 
 
@@ -149,7 +132,7 @@ async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamRe
     try:
         return await _serve(request, ctx, endpoint, prepared, stats)
     finally:
-        target.release()
+        release_target(target)
 
 
 def max_tokens_for(ctx: ProxyContext, sampling: SamplingRequest, ids: list[int]) -> int:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import orjson
 
 from token_proxy.http_io import DONE, sse_frames
-from token_proxy.pipeline.output_rules import NOT_RUNNING, Output, OutputRules
+from token_proxy.pipeline.output_rules import NOT_RUNNING, OutputRules
+from token_proxy.vocabulary import Output
 
 Template = Callable[[tuple], bytes]  # feed_running's (new text, new ids, ...) -> one SSE frame
 TEXT_PROBE = "\u2063text-probe\u2063"

@@ -16,7 +16,8 @@ from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.sync import MAP_PUBLISHED, AdapterPublisher
 from token_proxy.lora.workers import LORA
-from token_proxy.routes import ADMIN, INTERNAL, OWNER, Route, add_rows
+from token_proxy.route_row import ADMIN, OWNER, Route
+from token_proxy.routes import INTERNAL, add_rows
 from token_proxy.serving.metrics_block import render_owner_block
 
 PUBLISHER = web.AppKey("adapter_publisher", AdapterPublisher)

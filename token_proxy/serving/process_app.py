@@ -20,7 +20,8 @@ from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.exposition import EXTRA_METRICS
 from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
 from token_proxy.role import ROLE
-from token_proxy.routes import OWNER, ROUTES, add_rows
+from token_proxy.route_row import OWNER
+from token_proxy.routes import ROUTES, add_rows
 from token_proxy.serving.fleet_mirror import FleetMirror
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.state import CONTEXT

@@ -31,8 +31,9 @@ from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError, R
 from token_proxy.sglang.relay import RelayStream, cached_resolver, open_relay, relay_target
 from token_proxy.sglang.replies import error_from_status, invalid_json, loads
 from token_proxy.sglang.retry_rules import LOST_ADAPTER, RETRY_REASONS, again_because
+from token_proxy.vocabulary import Reloads
 
-__all__ = ["RETRY_REASONS", "InFlight", "Reloads", "ReuseAwareConnector", "SGLangClient", "abort_all_of",
+__all__ = ["RETRY_REASONS", "InFlight", "ReuseAwareConnector", "SGLangClient", "abort_all_of",
            "aborting_on_exit", "response_id_of", "send", "sglang_sessions"]
 
 log = logging.getLogger(__name__)
@@ -304,12 +305,6 @@ def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
 # --- the pool, and the one retry point ------------------------------------------------------------
 
 T = TypeVar("T")
-
-
-class Reloads(Protocol):
-    """What re-loads lost adapters: LoraAdmin, or a worker process's RemoteLora."""
-
-    async def resync(self) -> None: ...
 
 
 class Attempt:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest, max_tokens_too_large, prompt_too_long
 from token_proxy.sglang.versions import VERIFIED_FEATURES, SGLangFeatures
+from token_proxy.vocabulary import SamplingRequest
 
 # vLLM field -> SGLang sampling_params key, copied when the client set it.
 _OPTIONAL_SAMPLING = (
@@ -26,46 +27,6 @@ _OPTIONAL_SAMPLING = (
     ("logit_bias", "logit_bias"),
     ("stream_interval", "stream_interval"),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingRequest:
-    """What a request asks SGLang's sampler for, as the endpoints parse it (api/sampling.py): the
-    contract between api/, the pipeline and this payload. It lives here, the lowest of its readers."""
-
-    n: int = 1
-    max_tokens: int | None = None  # None: the rest of the context, as in vLLM
-    max_tokens_param: str = "max_tokens"  # the name the client used, for error messages
-    min_tokens: int = 0
-    temperature: float | None = None  # None: leave SGLang's (model) default
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    seed: int | None = None
-    logit_bias: dict | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    # SGLang's constraint key (json_schema / regex / ebnf / structural_tag) and its value.
-    constraint: tuple[str, str] | None = None
-    logprobs: bool = False
-    top_logprobs: int = 0
-    prompt_logprobs: int | None = None
-    # vLLM's per-request "tokens to batch into each streamed chunk"; SGLang 0.5.17 honours the same
-    # sampling_params.stream_interval (first token at once, then every N, and the last).
-    stream_interval: int | None = None
-
-    @property
-    def proxy_stop_ids(self) -> frozenset[int]:
-        """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
-        vLLM's does not."""
-        return frozenset(self.stop_token_ids) if self.ignore_eos else frozenset()
 
 
 @dataclass(frozen=True, slots=True)

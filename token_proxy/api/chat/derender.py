@@ -18,10 +18,10 @@ from token_proxy.api.chat.format import ChatFormatter
 from token_proxy.api.chat.request import ChatFeatures, parse_chat_request
 from token_proxy.api.fields import bad, opt_int, opt_request_id, opt_str, token_id_list
 from token_proxy.http_io import json_response, read_json
-from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_state import new_request_id, now
 from token_proxy.pipeline.run import output_rules
 from token_proxy.state import CONTEXT
+from token_proxy.vocabulary import ResponseMeta
 
 _PLACEHOLDER_CHAT = {"messages": [{"role": "user", "content": ""}]}
 _FINISHES = ("stop", "length", "abort", None)

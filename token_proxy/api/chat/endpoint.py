@@ -17,11 +17,11 @@ from token_proxy.api.logprobs import TokenNamer
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.job import Job
-from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_state import RequestStats, stats_of
-from token_proxy.pipeline.run import prepare, run_pipeline
+from token_proxy.pipeline.run import prepare, release_target, run_pipeline
 from token_proxy.sglang.payload import with_sampling_overrides
 from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.vocabulary import ResponseMeta
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -58,7 +58,7 @@ async def chat_completions_render(request: web.Request) -> web.Response:
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
     endpoint = ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags))
     prepared = await prepare(request, ctx, endpoint, stats_of(request))
-    prepared.target.release()  # a known model or adapter (vLLM's 404); nothing is generated
+    release_target(prepared.target)  # a known model or adapter (vLLM's 404); nothing is generated
     (ids,), (max_tokens,) = prepared.prompts, prepared.limits
     reasoning_kwargs = dict(req.prompt.chat_template_kwargs or {}) if ctx.settings.reasoning_parser else None
     return json_response(render_response(req, prepared.sampling, ids, max_tokens, prepared.response_id, body,

@@ -14,7 +14,8 @@ from __future__ import annotations
 import orjson
 
 from token_proxy.api.chat.request import ChatRequest
-from token_proxy.api.sampling import STRUCTURED_TO_SGLANG, SamplingRequest
+from token_proxy.api.sampling import STRUCTURED_TO_SGLANG
+from token_proxy.vocabulary import SamplingRequest
 
 # vLLM's RequestOutputKind: DELTA for a stream, FINAL_ONLY otherwise.
 OUTPUT_KIND_DELTA, OUTPUT_KIND_FINAL_ONLY = 1, 2

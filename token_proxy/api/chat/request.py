@@ -15,7 +15,7 @@ from token_proxy.api.fields import (
     parse_output_options,
 )
 from token_proxy.api.messages import parse_chat_prompt
-from token_proxy.api.sampling import SamplingRequest, parse_sampling
+from token_proxy.api.sampling import parse_sampling
 from token_proxy.sessions.keys import SESSION_ID_FIELD, SESSION_ID_HEADER, session_key
 from token_proxy.tokenization.renderer import ChatPrompt
 from token_proxy.tools import (
@@ -26,6 +26,7 @@ from token_proxy.tools import (
     tools_for_template,
     validate_tools,
 )
+from token_proxy.vocabulary import SamplingRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ from aiohttp import web
 
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json, response_headers
-from token_proxy.pipeline.output_rules import Output, Usage
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.sessions import (
     HEADER,
@@ -30,6 +29,7 @@ from token_proxy.sessions import (
 from token_proxy.sessions.keys import SESSION_ID_FIELD, SESSION_ID_HEADER, session_key
 from token_proxy.state import REGISTER_COLLECTOR, SETTINGS, ProxyContext
 from token_proxy.tokenization.renderer import ChatPrompt
+from token_proxy.vocabulary import Output, Usage
 
 SESSIONS = web.AppKey("sessions", SessionStore)  # absent when --session-max-bytes is 0
 _RECORDED = ("stop", "length", "tool_calls")

@@ -14,7 +14,8 @@ from token_proxy.api.fields import (
     parse_output_options,
     token_id_list,
 )
-from token_proxy.api.sampling import SamplingRequest, parse_sampling
+from token_proxy.api.sampling import parse_sampling
+from token_proxy.vocabulary import SamplingRequest
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's (and OpenAI's) completions default; chat's is the rest of the context
 MAX_PROMPTS = 1024

@@ -12,10 +12,10 @@ from token_proxy.api.generate.request import GenerateTokensRequest, parse_genera
 from token_proxy.api.logprobs import TokenNamer
 from token_proxy.http_io import read_json
 from token_proxy.pipeline.job import Job
-from token_proxy.pipeline.output_rules import ResponseMeta
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.run import run_pipeline
 from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.vocabulary import ResponseMeta
 
 
 async def generate_tokens(request: web.Request) -> web.StreamResponse:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from token_proxy.api.generate.request import GenerateTokensRequest
 from token_proxy.api.logprobs import TokenNamer, clamp, prompt_logprobs
-from token_proxy.pipeline.output_rules import Output, ResponseMeta, Usage
+from token_proxy.pipeline.output_rules import usage_body
+from token_proxy.vocabulary import Output, ResponseMeta, Usage
 
 
 def token_logprobs(triples: list, rows: list | None, top_n: int) -> list[dict]:
@@ -56,7 +57,7 @@ class GenerateFormatter:
             "request_id": self._meta.response_id,
             "model": self._meta.model,
             "created": self._meta.created,
-            "usage": usage.body(),
+            "usage": usage_body(usage),
             "prompt_logprobs": prompt_lps,
             "prompt_token_id_logprobs": None,
             "prompt_token_ids": self._req.token_ids,
@@ -83,5 +84,5 @@ class GenerateFormatter:
     def finish(self, usage: Usage) -> list[dict]:
         if not self._req.include_usage:
             return []
-        return [{"request_id": self._meta.response_id, "usage": usage.body(drop_nulls=True),
+        return [{"request_id": self._meta.response_id, "usage": usage_body(usage, drop_nulls=True),
                  "output_mode": "tokens", "choices": []}]

@@ -13,8 +13,9 @@ from token_proxy.api.fields import (
     opt_str,
     token_id_list,
 )
-from token_proxy.api.sampling import SamplingRequest, parse_sampling
+from token_proxy.api.sampling import parse_sampling
 from token_proxy.errors import InvalidRequest
+from token_proxy.vocabulary import SamplingRequest
 
 
 @dataclass(frozen=True, slots=True)
