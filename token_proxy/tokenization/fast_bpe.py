@@ -285,9 +285,9 @@ def _build(tokenizer, timings: list[tuple[str, float]]) -> tuple[FastBpe | None,
         encoding = _timed(timings, "build tiktoken", tiktoken_encoding, spec)
     except Exception as exc:  # noqa: BLE001 -- tiktoken refuses the regex or ranks: tokenizers encodes
         return None, f"tiktoken refused it ({' '.join(str(exc).split())[:200]})"
-    specials = frozenset(encoding.special_tokens_set)
+    specials = encoding.special_tokens_set
     # A partial, not a def: no frame of this module's per encode (tests/pipeline/test_request_path.py).
-    encode = partial(encoding.encode, allowed_special=specials, disallowed_special=())
+    encode = partial(encoding.encode, allowed_special="all", disallowed_special=())
 
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
