@@ -161,7 +161,7 @@ def test_the_tiny_tokenizer_gets_a_twin_that_adds_nothing():
     assert built is not None, line
     assert line.startswith("tiktoken encodes ASCII prompts (read tokenizer.json ")
     assert [name for name, _ in built.timings] == [
-        "read tokenizer.json", "model", "normalizer", "pre-tokenizer", "added tokens", "vocabulary", "merge order",
+        "read tokenizer.json", "merges as pairs", "model", "normalizer", "pre-tokenizer", "added tokens", "vocabulary", "merge order",
         "every split a merge", "build tiktoken", "every ASCII token rebuilt", "the corpus", "post-processor"]
     assert built.adds_nothing is True
     fast, spy = spied(built)

@@ -166,11 +166,12 @@ def vocab_refusal(vocab: dict[str, int], alphabet: dict[str, int]) -> str | None
     return f"the byte {alphabet[missing[0]]} is not a vocabulary token" if missing else None
 
 
-def static_refusal(spec: dict, timings: list[tuple[str, float]]) -> str | None:
-    """The first reason the twin cannot be proven from tokenizer.json alone (None: all conditions hold)."""
+def static_refusal(spec: dict, timings: list[tuple[str, float]], ascii_only: set[str]) -> str | None:
+    """The first reason the twin cannot be proven from tokenizer.json alone (None: all conditions hold);
+    `ascii_only` is filled with the vocabulary's ASCII tokens."""
     model, alphabet = spec.get("model") or {}, byte_level_alphabet()
-    vocab, pairs = model.get("vocab") or {}, merge_pairs(model.get("merges") or [])
-    ascii_only: set[str] = set()
+    vocab = model.get("vocab") or {}
+    pairs = _timed(timings, "merges as pairs", merge_pairs, model.get("merges") or [])
     checks = (
         ("model", lambda: model_refusal(model)),
         ("normalizer", lambda: normalizer_refusal(spec.get("normalizer"))),
@@ -247,24 +248,19 @@ def build_fast_bpe(tokenizer) -> tuple[FastBpe | None, str]:
     """The proven twin of `tokenizer` (a transformers tokenizer with a Rust backend), or None; and a line
     saying which and why, with each check's seconds."""
     timings: list[tuple[str, float]] = []
-    fast, reason = _build(tokenizer, timings)
+    # The cyclic collector paused: the proof makes ~10^6 long-lived objects (tokenizer.json's lists, the
+    # merges, the ranks), and its passes over them were a third of the time. Nothing here makes cycles.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        fast, reason = _build(tokenizer, timings)
+    finally:
+        if collecting:
+            gc.enable()
     spent = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in timings)
     if fast is None:
         return None, f"tokenizers encodes prompts (no tiktoken twin: {reason}; {spent})"
     return FastBpe(fast.encode, fast.adds_nothing, tuple(timings)), f"tiktoken encodes ASCII prompts ({spent})"
-
-
-def _read_spec(backend) -> dict:
-    """tokenizer.json as tokenizers holds it now; the collector paused while its ~450k lists are made (a
-    third of the time otherwise)."""
-    text = backend.to_str()
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        return orjson.loads(text)
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _timed(timings: list[tuple[str, float]], name: str, fn, *args):
@@ -282,8 +278,9 @@ def _build(tokenizer, timings: list[tuple[str, float]]) -> tuple[FastBpe | None,
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None, "the tokenizer has no Rust backend"
-    spec = _timed(timings, "read tokenizer.json", _read_spec, backend)
-    reason = static_refusal(spec, timings)
+    spec = _timed(timings, "read tokenizer.json", lambda: orjson.loads(backend.to_str()))
+    ascii_only: set[str] = set()
+    reason = static_refusal(spec, timings, ascii_only)
     if reason:
         return None, reason
     try:
@@ -299,8 +296,7 @@ def _build(tokenizer, timings: list[tuple[str, float]]) -> tuple[FastBpe | None,
     def hf_ids(text: str) -> list[int]:
         return encode_batch([text], add_special_tokens=False)[0].ids
 
-    unbuilt = _timed(timings, "every ASCII token rebuilt", unreachable_tokens, backend.model,
-                     ascii_tokens(spec["model"]["vocab"], byte_level_alphabet()))
+    unbuilt = _timed(timings, "every ASCII token rebuilt", unreachable_tokens, backend.model, ascii_only)
     if unbuilt:
         return None, f"tokenizers' BPE does not rebuild the token {min(unbuilt)!r} from its bytes"
     reason = _timed(timings, "the corpus", first_difference, hf_ids, encode, proof_corpus(),
