@@ -53,6 +53,13 @@ def spied(fast: FastBpe, adds_nothing: bool | None = None) -> tuple[FastBpe, Spy
     return FastBpe(spy, fast.adds_nothing if adds_nothing is None else adds_nothing, fast.timings), spy
 
 
+@pytest.fixture
+def hf_fast_bpe(hf_fast_bpe, hf_tokenizer):
+    """The session's twin, which must exist here (tiktoken is a dependency)."""
+    assert hf_fast_bpe is not None, build_fast_bpe(hf_tokenizer)[1]
+    return hf_fast_bpe
+
+
 def tiny_spec() -> dict:
     """A byte-level BPE tokenizer.json in Qwen2's layout: the 256 bytes, four merges, two added tokens."""
     alphabet = byte_level_alphabet()
