@@ -36,7 +36,8 @@ STAGES = (
     ("  of which parse_chat_prompt (api/messages.py)", ("api/messages.py", "parse_chat_prompt")),
     ("render key: ChatPrompt.key_blob + digest", ("tokenization/renderer.py", "key_blob")),
     ("render: apply_chat_template (transformers + jinja2)", ("tokenization/renderer.py", "render_chat_text")),
-    ("tokenize: tokenizers encode_batch_fast", ("tokenization/renderer.py", "encode")),
+    ("tokenize: text_encoder's encode (the tiktoken twin on ASCII, else encode_batch_fast)",
+     ("tokenization/renderer.py", "encode")),
     ("cache store: _settle (ids -> shared ints)", ("tokenization/renderer.py", "_settle")),
 )
 
@@ -62,10 +63,14 @@ def direct_stages(tokenizer_dir: str, n: int) -> list[tuple[str, float]]:
 
     from token_proxy.api.chat.request import ChatFeatures, ToolFlags, parse_chat_request
     from token_proxy.http_io import parse_json_object
+    from token_proxy.tokenization.fast_bpe import build_fast_bpe
     from token_proxy.tokenization.renderer import render_chat_text, text_encoder
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     encode = text_encoder(tok)
+    fast, line = build_fast_bpe(tok)
+    print(line)
+    encode_fast = text_encoder(tok, fast)
     vocab, flags = len(tok), ToolFlags()
     raws = [orjson.dumps({"messages": chat_messages(i), "max_tokens": OUT_TOKENS, "ignore_eos": True,
                           "temperature": 0}) for i in range(n)]
@@ -85,8 +90,11 @@ def direct_stages(tokenizer_dir: str, n: int) -> list[tuple[str, float]]:
         ("render_chat_text (apply_chat_template)", lambda i: render_chat_text(tok, reqs[i].prompt)),
         ("  of which the compiled Jinja2 template alone", lambda i: template.render(
             messages=reqs[i].prompt.messages, add_generation_prompt=True, tools=None, documents=None, **specials)),
-        ("encode (encode_batch_fast)", lambda i: encode(texts[i], False)),
+        ("encode, --fast-encoder false (tokenizers' encode_batch_fast)", lambda i: encode(texts[i], False)),
+        ("encode, --fast-encoder true (the tiktoken twin)", lambda i: encode_fast(texts[i], False)),
     )
+    if any(encode(text, False) != encode_fast(text, False) for text in texts):
+        raise SystemExit("the twin encodes differently from tokenizers")
     rows = []
     for label, step in steps:
         for i in range(min(n, 200)):  # warm

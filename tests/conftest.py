@@ -22,10 +22,21 @@ def hf_tokenizer(tokenizer_dir):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
 
+@pytest.fixture(scope="session")
+def hf_fast_bpe(hf_tokenizer):
+    """The test tokenizer's proven tiktoken twin (built once: the proof takes ~1.2 s); None without tiktoken
+    (tests/pipeline/test_fast_bpe.py then fails, the rest run on the tokenizer's encoder)."""
+    from token_proxy.tokenization.fast_bpe import build_fast_bpe
+
+    return build_fast_bpe(hf_tokenizer)[0]
+
+
 @pytest.fixture
-def shared_tokenizer(monkeypatch, hf_tokenizer):
-    """Every proxy app in a test session reuses one loaded tokenizer (loading takes ~2 s)."""
+def shared_tokenizer(monkeypatch, hf_tokenizer, hf_fast_bpe):
+    """Every proxy app in a test session reuses one loaded tokenizer (loading takes ~2 s) and its twin."""
     monkeypatch.setattr("token_proxy.sglang.discovery.load_tokenizer", lambda path: hf_tokenizer)
+    monkeypatch.setattr("token_proxy.sglang.discovery.load_fast_bpe",
+                        lambda tokenizer: hf_fast_bpe if tokenizer is hf_tokenizer else None)
     return hf_tokenizer
 
 

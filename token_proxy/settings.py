@@ -41,6 +41,8 @@ class Settings:
     # Rendered-prompt LRU entries (GRPO sends each prompt many times), and the bytes they may hold.
     prompt_cache_size: int = 4096
     prompt_cache_bytes: int = 256 << 20
+    # ASCII prompts encoded by a tiktoken twin of the tokenizer, where start-up proves it gives the same ids.
+    fast_encoder: bool = True
     # Start-up: the port opens at once (503 until SGLang is known); after this long without SGLang
     # the wait is logged as a warning rather than info.
     backend_wait_s: float = 120.0

@@ -35,6 +35,7 @@ from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
 from token_proxy.sglang.versions import KNOWN_RANGE, features_for
 from token_proxy.sglang.workers import DISCOVERY_TIMEOUT_S, _listed_urls
+from token_proxy.tokenization.fast_bpe import load_fast_bpe
 from token_proxy.tokenization.loader import (
     TokenizerInfo,
     describe_tokenizer,
@@ -336,11 +337,14 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
     finally:
         conn.loading_tokenizer = None
+    fast_bpe = (await asyncio.get_running_loop().run_in_executor(conn.executor, load_fast_bpe, tokenizer)
+                if conn.settings.fast_encoder else None)
     agreed = picture.agreed
     renderer = PromptRenderer(tokenizer, conn.executor, conn.settings.prompt_cache_size, busy=conn.busy,
                               cache_bytes=conn.settings.prompt_cache_bytes,
                               # the longest prompt resolve_max_tokens lets through (one token of room)
-                              max_prompt_ids=min(agreed.max_prompt_len or agreed.max_model_len, agreed.max_model_len - 1))
+                              max_prompt_ids=min(agreed.max_prompt_len or agreed.max_model_len, agreed.max_model_len - 1),
+                              fast_bpe=fast_bpe)
     conn.set_connected(Connected(picture, describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
                                  _tool_parser(conn.settings, tokenizer)))
 

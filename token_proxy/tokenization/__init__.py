@@ -1,5 +1,6 @@
 """The served tokenizer: loading it and describing it (loader.py), rendering chat prompts to ids with a
-cache (renderer.py) and token ids to texts (token_text.py). Pure: it knows nothing of the app."""
+cache (renderer.py), its tiktoken twin for ASCII text, proven equal at start-up (fast_bpe.py), and token ids
+to texts (token_text.py). Pure: it knows nothing of the app."""
 
 from token_proxy.faces import door
 
