@@ -7,7 +7,16 @@ import copy
 
 import pytest
 
-from token_proxy.api.fields import checked_ids, plain_ids, token_id_list
+from token_proxy.api.fields import checked_ids, opt_dict, opt_float, opt_int, plain_ids, token_id_list
+from token_proxy.api.sampling import (
+    RANGES,
+    _constraint_from_response_format,
+    _constraint_from_structured,
+    _float,
+    _int,
+    _parse_constraint,
+    parse_sampling,
+)
 from token_proxy.errors import InvalidRequest
 
 VOCAB = 1000
@@ -55,3 +64,60 @@ def test_bad_items_keep_their_messages():
     assert (err.value.message, err.value.param) == ("prompt: item 1 must be an integer token id, got boolean",
                                                     "prompt")
     assert token_id_list([1, 2.0], "token_ids", VOCAB) == [1, 2]
+
+
+# --- api/sampling.py: an absent field returns its reader's default without calling the reader ----------
+
+VALUES = [None, 0, 1, -1, 7.0, 2.5, True, "3", [1], 10**30, -(10**30), float("nan"), 0.5, 1.5, -2.0, 2**63]
+
+
+def read(fn):
+    try:
+        return "ok", fn()
+    except InvalidRequest as exc:
+        return "error", exc.message, exc.param
+
+
+@pytest.mark.parametrize("key", [k for k, r in RANGES.items() if r.integer])
+def test_int_fields_read_as_opt_int(key):
+    r = RANGES[key]
+    for body in [{}, *({key: v} for v in VALUES)]:
+        for default in (None, 0, 1):
+            assert read(lambda b=body, d=default: _int(b, key, d)) == read(
+                lambda b=body, d=default: opt_int(b, key, d, lo=r.lo, hi=r.hi)), (key, body, default)
+
+
+@pytest.mark.parametrize("key", [k for k, r in RANGES.items() if not r.integer])
+def test_float_fields_absent_or_null_are_none_as_opt_float_says(key):
+    for body in ({}, {key: None}):
+        assert _float(body, key) is None
+        assert opt_float(body, key, lo=RANGES[key].lo, hi=RANGES[key].hi) is None
+
+
+@pytest.mark.parametrize("body", [{}, {"response_format": None}, {"structured_outputs": None},
+                                  {"response_format": None, "structured_outputs": None}, {"temperature": 1}])
+def test_no_constraint_fields_give_what_the_readers_give(body):
+    fmt = opt_dict(body, "response_format")
+    slow = (None if fmt is None else _constraint_from_response_format(fmt)) or _constraint_from_structured(
+        opt_dict(body, "structured_outputs") or {})
+    assert _parse_constraint(body) is None and slow is None
+
+
+SAMPLING_KEYS = ["use_beam_search", "best_of", "bad_words", "allowed_token_ids", "logits_processors", "logprobs",
+                 "top_logprobs", "max_completion_tokens", "max_tokens", "n", "min_tokens", "temperature", "top_p",
+                 "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "stop",
+                 "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "seed", "logit_bias",
+                 "skip_special_tokens", "spaces_between_special_tokens", "response_format", "structured_outputs",
+                 "prompt_logprobs", "stream_interval"]
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"max_tokens": 16, "temperature": 0, "ignore_eos": True}, {"max_completion_tokens": 8, "top_p": 0.9, "n": 2},
+    {"max_tokens": 4, "min_tokens": 5}, {"top_p": 0}, {"temperature": "hot"}, {"n": 0}, {"seed": -1, "top_k": 0},
+])
+@pytest.mark.parametrize("count", [False, True])
+def test_a_body_reads_the_same_with_its_absent_fields_null(body, count):
+    """Null is what an absent field reads as; the fast path answers both without the reader."""
+    filled = {**dict.fromkeys(SAMPLING_KEYS), **body}
+    assert read(lambda: parse_sampling(body, VOCAB, logprobs_count=count)) == read(
+        lambda: parse_sampling(filled, VOCAB, logprobs_count=count))
