@@ -10,6 +10,8 @@ each round drives every proxy in turn with the same requests and reads the proxy
 - `stream 1`: the same with 1 token out: (128 - 1) subtracted gives CPU per event, and this the per-request part;
 - `whole miss`: non-streamed, 1 token out, a distinct prompt per request (the render: jinja + encode);
 - `whole hit`: the same prompt every time (the render cache);
+- `token-in whole` / `token-in stream`: /inference/v1/generate with the hit's prompt ids, 16 tokens out, whole or
+  streamed (16 events): the request path without render or tokenize;
 - `pipe stream 128` (once, not per build): SGLang's own 128-event /generate stream through a raw TCP pipe
   (bench/tcp_pipe.py): the kernel's and uvloop's share of a relayed event, with no proxy work;
 - `c=1 hit added`: median latency over the simulator's /generate (interleaved pairs), non-streamed, 1 token;
@@ -41,6 +43,7 @@ from bench_proxy import chat_prompt, free_port, prompt_ids, start
 from cpu_groups import cpu_s
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TOKEN_IN_OUT = 16  # tokens out of a token-in request (/inference/v1/generate), as bench_vs_smg.py
 
 
 def first_on_path(code: str) -> str:
@@ -82,10 +85,15 @@ async def drive(session, url, bodies, concurrency) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def point(session, proxy, pid, bodies, concurrency) -> float:
+def token_in_body(ids: list[int], tokens: int, stream: bool) -> bytes:
+    return orjson.dumps({"token_ids": ids, "stream": stream, "sampling_params": {
+        "max_tokens": tokens, "ignore_eos": True, "temperature": 0}})
+
+
+async def point(session, proxy, pid, bodies, concurrency, path: str = "/v1/chat/completions") -> float:
     """ms of proxy CPU per request."""
     cpu0 = cpu_s(pid)
-    await drive(session, proxy + "/v1/chat/completions", bodies, concurrency)
+    await drive(session, proxy + path, bodies, concurrency)
     return (cpu_s(pid) - cpu0) * 1000 / len(bodies)
 
 
@@ -135,6 +143,12 @@ async def run(args, sim, proxies, pipe, hit_ids: list[int]) -> dict:
                     bodies.append(chat_body(1, False, salt))
                 row.setdefault("whole miss", []).append(await point(session, url, pid, bodies, args.concurrency))
                 row.setdefault("whole hit", []).append(await point(session, url, pid, [hit] * n, args.concurrency))
+                for key, stream in (("token-in whole", False), ("token-in stream", True)):
+                    row.setdefault(key, []).append(await point(
+                        session, url, pid, [token_in_body(hit_ids, TOKEN_IN_OUT, stream)] * n, args.concurrency,
+                        "/inference/v1/generate"))
+                if not args.pairs:
+                    continue
                 added, added_ids = [], []
                 for _ in range(args.pairs):
                     a = await one(session, url + "/v1/chat/completions", hit)
@@ -153,7 +167,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--pairs", type=int, default=50)
+    parser.add_argument("--pairs", type=int, default=50, help="c=1 latency pairs per round (0: none)")
     parser.add_argument("--tpot-ms", type=float, default=2.0,
                         help="the simulator's time per token: > 0 puts each event in its own read, as on a GPU")
     parser.add_argument("--tokenizer", help="a tokenizer folder for the simulator (default: the built-in Qwen2 one, "
@@ -187,7 +201,8 @@ def main() -> None:
     print(f"{args.rounds} interleaved rounds x {args.requests} requests at c={args.concurrency}, "
           f"simulator tpot {args.tpot_ms} ms; "
           f"median (min..max) of the rounds; proxy process on-CPU time from /proc/PID/task/*/schedstat")
-    keys = ["stream 128", "stream 1", "whole miss", "whole hit", "c=1 hit added", "c=1 hit added vs ids"]
+    keys = ["stream 128", "stream 1", "whole miss", "whole hit", "token-in whole", "token-in stream", "c=1 hit added",
+            "c=1 hit added vs ids"]
     print("| build | " + " | ".join(f"{k} ms" for k in keys) + " | us per event |")
     print("|---|" + "---|" * (len(keys) + 1))
     for code, row in results.items():
@@ -201,7 +216,8 @@ def main() -> None:
         print(f"| {code} | " + " | ".join(cells) + " |")
     builds = [code for code in results if "stream 1" in results[code]]
     for code in builds[1:]:  # paired: the same round's difference to the first build (noise shared by both)
-        diffs = {k: [b - a for a, b in zip(results[builds[0]][k], results[code][k])] for k in keys}
+        diffs = {k: [b - a for a, b in zip(results[builds[0]][k], results[code][k])] for k in keys
+                 if k in results[code]}
         print(f"paired, {code} minus {builds[0]}: " + ", ".join(
             f"{k} {statistics.median(d):+.3f} ms ({min(d):+.2f}..{max(d):+.2f})" for k, d in diffs.items()))
 

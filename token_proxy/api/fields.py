@@ -99,6 +99,17 @@ def token_id_list(value: Any, param: str, vocab_size: int, *, allow_empty: bool 
         raise bad(param, f"must be an array of token ids, got {type_name(value)}")
     if not value and not allow_empty:
         raise bad(param, "must not be empty")
+    return value if plain_ids(value, vocab_size) else checked_ids(value, param, vocab_size)
+
+
+def plain_ids(value: list, vocab_size: int) -> bool:
+    """The common case, checked in C (~0.05 us an id, against ~0.25 for the loop of checked_ids): every
+    item a plain int (bool is a type of its own) in [0, vocab_size). Then checked_ids changes nothing."""
+    return not value or (set(map(type, value)) == _JUST_INT and min(value) >= 0 and max(value) < vocab_size)
+
+
+def checked_ids(value: list, param: str, vocab_size: int) -> list[int]:
+    """Each item checked in turn: 7.0 becomes 7 (in place), the first bad item is named."""
     for i, token in enumerate(value):
         if isinstance(token, float) and token.is_integer():  # 7.0: an integer in JSON, as for opt_int
             value[i] = token = int(token)
@@ -107,6 +118,9 @@ def token_id_list(value: Any, param: str, vocab_size: int, *, allow_empty: bool 
         if not 0 <= token < vocab_size:
             raise bad(param, f"item {i} ({token}) is out of range: token ids must be in [0, {vocab_size})")
     return value
+
+
+_JUST_INT = {int}
 
 
 def _check_range(key: str, value, lo, hi) -> None:

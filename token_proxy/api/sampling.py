@@ -57,11 +57,15 @@ RANGES = {
 def _int(body: dict, key: str, default: int | None = None, *, bounds: str | None = None,
          hi: int | None = None) -> int | None:
     """`key` read as an integer in RANGES[bounds or key]; `hi` narrows the top (min_tokens <= max_tokens)."""
+    if body.get(key) is None:  # absent, as most of a body's ~25 sampling fields are: opt_int's default
+        return default
     r = RANGES[bounds or key]
     return opt_int(body, key, default, lo=r.lo, hi=r.hi if hi is None else hi)
 
 
 def _float(body: dict, key: str) -> float | None:
+    if body.get(key) is None:  # absent: opt_float's default
+        return None
     r = RANGES[key]
     value = opt_float(body, key, lo=None if r.exclusive_lo else r.lo, hi=r.hi)
     if value is not None and r.exclusive_lo and value <= r.lo:
@@ -173,6 +177,8 @@ def _parse_logprob_count(body: dict) -> tuple[bool, int]:
 
 
 def _parse_constraint(body: dict) -> tuple[str, str] | None:
+    if body.get("response_format") is None and body.get("structured_outputs") is None:
+        return None  # what both readers below make of two absent fields
     fmt = opt_dict(body, "response_format")
     from_format = None if fmt is None else _constraint_from_response_format(fmt)
     from_structured = _constraint_from_structured(opt_dict(body, "structured_outputs") or {})

@@ -52,6 +52,7 @@ from token_proxy.ops.histograms import (
     one_two_five_buckets,
 )
 from token_proxy.ops.metrics_mirror import CollectorMirror, WorkerRegistry
+from token_proxy.ops.series import RouteSeries, VllmSeries
 from token_proxy.ops.vllm_metrics import BackendMetrics
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.sglang.client import RETRY_REASONS
@@ -172,6 +173,8 @@ class ProxyMetrics:
         self.weight_update_routes: frozenset[str] | None = None
         self.version_routes: frozenset[str] = frozenset()
         self._children: dict[tuple, object] = {}
+        self._routes: dict[tuple[str, bool], RouteSeries] = {}  # (endpoint, stream): its children, made once
+        self._vllm: VllmSeries | None = None  # the served model's vLLM children, made once
 
     def routes_from_table(self, inference: list[str], weight_update: list[str], sets_version: list[str]) -> None:
         """The route table's rows: the inference routes the proxy serves, whose labelled series start
@@ -230,41 +233,47 @@ class ProxyMetrics:
     def _observe_vllm(self, status: int, stats: RequestStats) -> None:
         """vLLM's request-level series, from timings the pipeline already took: one observation per
         finished request, plus one per stream event batch for the inter-token latency."""
-        model, engine = self.model_name, VLLM_ENGINE
-        if self.vllm_prompt_tokens is not None:  # every request, as vLLM's finished ones (aborts included)
-            self.child(self.vllm_prompt_tokens, model, engine).observe(stats.prompt_tokens)
-            self.child(self.vllm_generation_tokens, model, engine).observe(stats.completion_tokens)
+        vllm = self._vllm_series()
+        if vllm.prompt_tokens is not None:  # every request, as vLLM's finished ones (aborts included)
+            vllm.prompt_tokens(stats.prompt_tokens)
+            vllm.generation_tokens(stats.completion_tokens)
         for reason in stats.finish_reasons:
-            self.child(self.vllm_success, model, engine, reason).inc()
+            vllm.success(reason).inc()
         if stats.client_disconnected or status == CLIENT_CLOSED:
             if not stats.finish_reasons:
-                self.child(self.vllm_success, model, engine, "abort").inc()
+                vllm.success("abort").inc()
             return
         if status != 200 or not stats.finish_reasons or stats.finished_at is None:
             return
-        self.child(self.vllm_e2e, model, engine).observe(stats.finished_at - stats.started_at)
+        vllm.e2e(stats.finished_at - stats.started_at)
         if not stats.stream:
-            self._observe_whole_reply(stats)
+            self._observe_whole_reply(stats, vllm)
             return
         if stats.first_token_at is None:
             return
-        self.child(self.vllm_ttft, model, engine).observe(stats.first_token_at - stats.started_at)
-        observe_many(self.child(self.vllm_itl, model, engine), stats.event_gaps)
+        vllm.ttft(stats.first_token_at - stats.started_at)
+        observe_many(vllm.itl, stats.event_gaps)
         decode_tokens = stats.completion_tokens - 1
         per_token = (stats.last_event_at - stats.first_token_at) / decode_tokens if decode_tokens > 0 else 0.0
-        self.child(self.vllm_tpot, model, engine).observe(per_token)
+        vllm.tpot(per_token)
 
-    def _observe_whole_reply(self, stats: RequestStats) -> None:
+    def _observe_whole_reply(self, stats: RequestStats, vllm: VllmSeries) -> None:
         """A non-streamed reply's first-token and per-token times, from SGLang's meta_info timestamps
         (RequestStats.backend_first_token_s / backend_decode_s); without them it is left out."""
-        model, engine = self.model_name, VLLM_ENGINE
         if stats.backend_first_token_s is not None and stats.sent_at is not None:
-            self.child(self.vllm_ttft, model, engine).observe(stats.sent_at - stats.started_at
-                                                              + stats.backend_first_token_s)
+            vllm.ttft(stats.sent_at - stats.started_at + stats.backend_first_token_s)
         if stats.backend_decode_s is not None:
             decode_tokens = stats.completion_tokens - 1
             per_token = stats.backend_decode_s / decode_tokens if decode_tokens > 0 else 0.0
-            self.child(self.vllm_tpot, model, engine).observe(per_token)
+            vllm.tpot(per_token)
+
+    def _vllm_series(self) -> VllmSeries:
+        """The served model's vLLM children (made again if the model or its token histograms appear later)."""
+        vllm = self._vllm
+        if vllm is None or vllm.model != self.model_name or (vllm.prompt_tokens is None) != (
+                self.vllm_prompt_tokens is None):
+            vllm = self._vllm = VllmSeries(self, self.model_name, VLLM_ENGINE)
+        return vllm
 
     def unhonoured_seed(self, endpoint: str, now: float | None = None) -> None:
         """Count a request whose seed SGLang ignores; warn at most once a minute."""
@@ -289,26 +298,26 @@ class ProxyMetrics:
 
     def observe(self, endpoint: str, status: int, stats: RequestStats, latency_s: float,
                 overloaded: bool = False) -> None:
-        stream = "true" if stats.stream else "false"
-        self.child(self.requests, endpoint, str(status), stream).inc()
-        self.child(self.latency, endpoint, stream).observe(latency_s)
+        route = self._routes.get((endpoint, stats.stream)) or self._route_series(endpoint, stats.stream)
+        route.requests(status).inc()
+        route.latency(latency_s)
         if stats.first_token_at is not None:
-            self.child(self.ttft, endpoint, stream).observe(stats.first_token_at - stats.started_at)
+            route.ttft(stats.first_token_at - stats.started_at)
             if stats.stream and stats.completion_tokens > 1 and stats.finished_at is not None:
                 per_token = (stats.finished_at - stats.first_token_at) / (stats.completion_tokens - 1)
-                self.child(self.tpot, endpoint, stream).observe(per_token)
+                route.tpot(per_token)
         if stats.finish_reasons or stats.first_token_at is not None:  # an inference request
             self._observe_vllm(status, stats)
         if stats.prompt_tokens:
-            self.child(self.prompt_tokens, endpoint).inc(stats.prompt_tokens)
+            route.prompt_tokens.inc(stats.prompt_tokens)
         if stats.completion_tokens:
-            self.child(self.completion_tokens, endpoint).inc(stats.completion_tokens)
+            route.completion_tokens.inc(stats.completion_tokens)
         if stats.cached_tokens:
             self.child(self.cached_tokens, endpoint).inc(stats.cached_tokens)
         if stats.prompt_cache_hit is not None:
             self.child(self.prompt_cache, "hit" if stats.prompt_cache_hit else "miss").inc()
             if not stats.prompt_cache_hit:
-                self.render.observe(stats.render_s)
+                route.render(stats.render_s)
         if stats.seed_unhonoured:
             self.unhonoured_seed(stats.endpoint)
         if stats.stale_replies:
@@ -322,6 +331,10 @@ class ProxyMetrics:
             self.child(self.disconnects, endpoint).inc()
         if stats.weight_version and stats.weight_version != self.current_weight_version:
             self.set_weight_version(stats.weight_version)
+
+    def _route_series(self, endpoint: str, stream: bool) -> RouteSeries:
+        route = self._routes[(endpoint, stream)] = RouteSeries(self, endpoint, "true" if stream else "false")
+        return route
 
     def observe_weight_update(self, endpoint: str, status: int, latency_s: float) -> bool:
         ok = 200 <= status < 300
