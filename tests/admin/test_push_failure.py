@@ -248,7 +248,8 @@ async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim,
 def test_a_failed_push_answers_400_only_when_every_worker_was_heard_refusing_it(replies, status):
     from token_proxy.admin.fleet import push_status
     from token_proxy.errors import BackendTimeout, BackendUnavailable
-    from token_proxy.sglang.workers import WorkerReply, aborted
+    from token_proxy.sglang import WorkerReply
+    from token_proxy.sglang.workers import aborted
 
     refused = WorkerReply("http://a", 400, b'{"success": false}', "application/json")
     made = []

@@ -7,7 +7,8 @@ import copy
 
 import pytest
 
-from token_proxy.api.fields import checked_ids, opt_dict, opt_float, opt_int, plain_ids, token_id_list
+from token_proxy.api import parse_sampling, token_id_list
+from token_proxy.api.fields import checked_ids, opt_dict, opt_float, opt_int, plain_ids
 from token_proxy.api.sampling import (
     RANGES,
     _constraint_from_response_format,
@@ -15,7 +16,6 @@ from token_proxy.api.sampling import (
     _float,
     _int,
     _parse_constraint,
-    parse_sampling,
 )
 from token_proxy.errors import InvalidRequest
 

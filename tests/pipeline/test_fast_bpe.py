@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast
 
 from token_proxy.cli import parse_settings
-from token_proxy.tokenization import fast_bpe
+from token_proxy.tokenization import ChatPrompt, PromptRenderer, fast_bpe
 from token_proxy.tokenization.fast_bpe import (
     GPT2_PATTERN,
     FastBpe,
@@ -31,7 +31,7 @@ from token_proxy.tokenization.fast_bpe import (
     proof_corpus,
     split_pattern,
 )
-from token_proxy.tokenization.renderer import ChatPrompt, PromptRenderer, render_chat_text, text_encoder
+from token_proxy.tokenization.renderer import render_chat_text, text_encoder
 
 QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                 r"|\s+(?!\S)|\s+")

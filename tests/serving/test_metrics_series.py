@@ -8,10 +8,10 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
+from token_proxy.ops import ProxyMetrics
 from token_proxy.ops.histograms import LATENCY_BUCKETS
-from token_proxy.ops.metrics import ProxyMetrics
 from token_proxy.ops.series import fast_observer
-from token_proxy.pipeline.request_state import RequestStats
+from token_proxy.pipeline import RequestStats
 
 AMOUNTS = [0.0, 1e-9, 0.001, 0.0025, 0.005, 0.1, 1.0, 2.5, 10.0, 59.9, 60.0, 1e9, -1.0, math.inf, -math.inf,
            math.nan, 3, 0]
