@@ -276,3 +276,15 @@ async def test_start_up_builds_the_twin_only_when_the_flag_is_on(monkeypatch, ma
     response = await proxy.post("/tokenize", json={"prompt": "hello world", "add_special_tokens": False})
     assert (await response.json())["tokens"] == [14990, 1879]
     assert proxy.app[CONTEXT] is not None
+
+
+def test_a_tokenizer_json_the_proof_did_not_foresee_falls_back_with_its_reason(monkeypatch, hf_tokenizer):
+    """The twin is an optimisation: a proof that raises (an odd tokenizer.json) never stops start-up."""
+    def odd(spec, timings, ascii_only):
+        raise KeyError("merges")
+
+    monkeypatch.setattr(fast_bpe, "static_refusal", odd)
+    fast, line = fast_bpe.build_fast_bpe(hf_tokenizer)
+    assert fast is None
+    assert line.startswith("tokenizers encodes prompts (no tiktoken twin: the proof failed on this tokenizer "
+                           "(KeyError: 'merges');")
