@@ -23,7 +23,6 @@ import multiprocessing as mp
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -168,7 +167,7 @@ def main() -> None:
         model = get_json(proxies[0][2] + "/v1/models")["data"][0]["id"]
         serial = iter(range(int(time.time()) % 100_000 * 10_000, 10**12))
         points: dict[str, list[dict]] = {name: [] for name, _, _ in proxies}
-        for name, proc, url in proxies:  # warm-up: connections, caches, lazy imports; not timed
+        for _name, proc, url in proxies:  # warm-up: connections, caches, lazy imports; not timed
             run_point(url, proc.pid, [chat_body(next(serial), model, args.tokens) for _ in range(8)], 8)
         for rnd in range(args.rounds):
             for name, proc, url in (proxies if rnd % 2 == 0 else proxies[::-1]):
