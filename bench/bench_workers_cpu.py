@@ -22,7 +22,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import shlex
-import statistics
 import sys
 import time
 import urllib.request
@@ -117,23 +116,13 @@ def start_proxy(code: str, backend: str, workers: int, flags: list[str]):
     return proc, url
 
 
-def med(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
-
-
-COLUMNS = (("serving_ms", "serving CPU ms", 2), ("supervisor_ms", "supervisor CPU ms", 3),
-           ("total_ms", "proxy CPU ms", 2), ("reads", "reads", 1), ("writes", "writes", 1),
-           ("wakeups", "wake-ups", 1), ("supervisor_wakeups", "supervisor wake-ups", 2), ("spread", "busiest/mean", 2))
-
-
 def table(points: dict[str, list[dict]]) -> list[str]:
-    lines = ["| proxy | " + " | ".join(label for _, label, _ in COLUMNS) + " | streams/s |",
-             "|---|" + "---:|" * (len(COLUMNS) + 1)]
+    columns = proxy_roles.COLUMNS
+    lines = ["| proxy | " + " | ".join(label for _, label, _ in columns) + " | streams/s |",
+             "|---|" + "---:|" * (len(columns) + 1)]
     for name, runs in points.items():
-        cells = [med([r["cells"][key] for r in runs], digits) for key, _, digits in COLUMNS]
-        rate = med([r["done"] / r["wall"] for r in runs], 1)
+        cells = [proxy_roles.median_cell([r["cells"][key] for r in runs], digits) for key, _, digits in columns]
+        rate = proxy_roles.median_cell([r["done"] / r["wall"] for r in runs], 1)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {rate} |")
     return lines
 

@@ -10,6 +10,7 @@ bench_ceiling.py and bench_workers_cpu.py print.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from cpu_groups import cmdline, descendants, thread_stats
@@ -107,3 +108,37 @@ def _spread(each: list[float]) -> float:
     if len(each) < 2 or not sum(each):
         return 1.0
     return max(each) / (sum(each) / len(each))
+
+
+COLUMNS = (("serving_ms", "serving CPU ms", 2), ("supervisor_ms", "supervisor CPU ms", 3), ("total_ms", "proxy CPU ms", 2),
+           ("reads", "reads", 1), ("writes", "writes", 1), ("wakeups", "wake-ups", 1),
+           ("supervisor_wakeups", "supervisor wake-ups", 2), ("spread", "busiest/mean", 2))
+
+
+def median_cell(values: list[float], digits: int) -> str:
+    """The median, and (min..max) when there are several values."""
+    if not values:
+        return "-"
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return f"{mid:.{digits}f}"
+    return f"{mid:.{digits}f} ({min(values):.{digits}f}..{max(values):.{digits}f})"
+
+
+def roles_table(rows: list[dict]) -> list[str]:
+    """bench_ceiling's rows (dicts) that carry `extra["roles"]`: one line per proxy and point, the median
+    (min..max) over its rounds, per request."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        cells = row.get("extra", {}).get("roles")
+        if cells:
+            key = (f"proxy x{row['workers']} {row.get('flags') or ''}".rstrip(), row["stream"], row["concurrency"])
+            groups.setdefault(key, []).append(cells)
+    if not groups:
+        return []
+    lines = ["| proxy | stream | c | " + " | ".join(label for _, label, _ in COLUMNS) + " |",
+             "|---|---|---:|" + "---:|" * len(COLUMNS)]
+    for (name, stream, conc), runs in groups.items():
+        cells = [median_cell([r[key] for r in runs], digits) for key, _, digits in COLUMNS]
+        lines.append(f"| {name} | {'yes' if stream else 'no'} | {conc} | " + " | ".join(cells) + " |")
+    return lines
