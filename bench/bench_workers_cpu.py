@@ -22,6 +22,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import shlex
+import signal
 import sys
 import time
 import urllib.request
@@ -142,6 +143,7 @@ def main() -> None:
     parser.add_argument("--json-out")
     args = parser.parse_args()
     codes = args.code or ["."]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` or kill: stop the servers too (finally)
     sim_port = free_port()
     backend = f"http://127.0.0.1:{sim_port}"
     sim = start([sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(sim_port),
