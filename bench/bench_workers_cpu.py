@@ -90,6 +90,14 @@ def run_point(url: str, root: int, bodies: list[bytes], concurrency: int) -> dic
     return {**result, "roles": roles, "cells": proxy_roles.role_cells(roles)}
 
 
+def idle_ms_per_s(root: int, seconds: float) -> dict[str, float]:
+    """The proxy's background: per second (the per-stream arithmetic with one "stream" a second)."""
+    before = proxy_roles.snapshot(root)
+    time.sleep(seconds)
+    roles = proxy_roles.per_role(before, proxy_roles.snapshot(root), 1)
+    return {key: value / seconds for key, value in proxy_roles.role_cells(roles).items() if key != "spread"}
+
+
 def first_on_path(code: str) -> str:
     return os.pathsep.join(filter(None, [os.path.abspath(code), os.environ.get("PYTHONPATH")]))
 
@@ -101,11 +109,14 @@ def start_proxy(code: str, backend: str, workers: int, flags: list[str]):
            "--log-level", "warning", "--disable-log-requests", *flags]
     if workers != 1:
         cmd += ["--workers", str(workers)]
-    env_before = os.environ.get("PYTHONPATH")
+    # `python -m` puts the working directory first on sys.path, before PYTHONPATH: run in the checkout.
+    env_before, cwd_before = os.environ.get("PYTHONPATH"), os.getcwd()
     os.environ["PYTHONPATH"] = first_on_path(code)
+    os.chdir(code)
     try:
         proc = start(cmd, url)
     finally:
+        os.chdir(cwd_before)
         if env_before is None:
             os.environ.pop("PYTHONPATH")
         else:
@@ -140,6 +151,8 @@ def main() -> None:
     parser.add_argument("--tpot-ms", type=float, default=20.0)
     parser.add_argument("--scale", action="store_true", help="xN gets N times --concurrency and --streams (the same "
                         "streams per process as x1): tells the cost of a process's load from the cost of N processes")
+    parser.add_argument("--idle", type=float, default=0.0, metavar="S",
+                        help="first, each proxy's CPU while idle, S seconds each: ms per second by role")
     parser.add_argument("--json-out")
     args = parser.parse_args()
     codes = args.code or ["."]
@@ -160,6 +173,7 @@ def main() -> None:
         points: dict[str, list[dict]] = {name: [] for name, _, _ in proxies}
         for _name, proc, url in proxies:  # warm-up: connections, caches, lazy imports; not timed
             run_point(url, proc.pid, [chat_body(next(serial), model, args.tokens) for _ in range(8)], 8)
+        idle = {name: idle_ms_per_s(proc.pid, args.idle) for name, proc, _ in proxies} if args.idle else {}
         for rnd in range(args.rounds):
             for name, proc, url in (proxies if rnd % 2 == 0 else proxies[::-1]):
                 times = int(name.rsplit(" x", 1)[1]) if args.scale else 1
@@ -184,6 +198,13 @@ def main() -> None:
           f"each (simulator tpot {args.tpot_ms:g} ms); per stream, median (min..max) over rounds; "
           f"{os.cpu_count()} cores")
     print("\n".join(table(points)))
+    if idle:
+        print(f"\nIdle (no requests, {args.idle:g} s each): CPU ms per second and main-thread wake-ups per second, by role")
+        print("| proxy | serving CPU ms/s | supervisor CPU ms/s | serving wake-ups/s | supervisor wake-ups/s |")
+        print("|---|---:|---:|---:|---:|")
+        for name, cells in idle.items():
+            print(f"| {name} | {cells['serving_ms']:.2f} | {cells['supervisor_ms']:.2f} | {cells['wakeups']:.1f} | "
+                  f"{cells['supervisor_wakeups']:.1f} |")
 
 
 def get_json(url: str) -> dict:
