@@ -183,7 +183,10 @@ def main() -> None:
         for code in args.code:
             port = free_port()
             where, *flags = shlex.split(code)
-            cmd = ["env", f"PYTHONPATH={first_on_path(where)}", sys.executable, "-m", "token_proxy", "--backend", sim,
+            # In the checkout (env -C): `python -m` puts the working directory first on sys.path, before
+            # PYTHONPATH, so a run from another checkout's root measured that checkout's code.
+            cmd = ["env", "-C", os.path.abspath(where), f"PYTHONPATH={first_on_path(where)}", sys.executable, "-m",
+                   "token_proxy", "--backend", sim,
                    "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags]
             proc = start(cmd, f"http://127.0.0.1:{port}")
             procs.append(proc)

@@ -53,6 +53,7 @@ import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_groups
+import proxy_roles
 from bench_proxy import free_port, start
 from ceiling_report import rounds_table
 from ceiling_report import table as report_table
@@ -258,6 +259,7 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     cpu_groups.pin_groups(host.pins, groups)  # again each point: SGLang and the proxy start threads lazily
     meter = cpu_groups.PointMeter(groups)
     cpu0 = tree_cpu_s(proxy_pid) if proxy_pid else None
+    roles0 = proxy_roles.snapshot(proxy_pid) if proxy_pid else None
     seen0 = sglang_ttft(flush_url)
     meter.start()
     row.extra["wall_from"] = time.time()  # access lines (--access-log) are matched to points by time
@@ -266,6 +268,7 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
     row.extra["wall_to"] = time.time()
     row.extra.update(meter.stop())
     cpu1 = tree_cpu_s(proxy_pid) if proxy_pid else None
+    roles1 = proxy_roles.snapshot(proxy_pid) if proxy_pid else None
     seen1 = sglang_ttft(flush_url)
     if seen0 and seen1 and seen1[1] > seen0[1]:  # SGLang's own TTFT (receipt to first token), this point's mean
         row.extra["sglang_ttft_ms"] = (seen1[0] - seen0[0]) * 1000 / (seen1[1] - seen0[1])
@@ -288,6 +291,8 @@ def run_point(row: Row, url: str, bodies: list[bytes], warmup: list[bytes], clie
         # The counters move between the barrier and the first request by the clients' own wait only.
         row.cores = (cpu1 - cpu0) / wall if wall > 0 else None
         row.cpu_ms = (cpu1 - cpu0) * 1000 / max(1, len(lat))
+    if roles0 is not None:  # by role: the supervisor (with --workers) apart from the serving processes
+        row.extra["roles"] = proxy_roles.role_cells(proxy_roles.per_role(roles0, roles1, len(lat)))
     return row
 
 
@@ -630,6 +635,11 @@ def print_table(args, info: dict, rows: list[Row]) -> None:
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}")
     dicts = [row.__dict__ for row in rows]
     print("\n".join(report_table(dicts)))
+    roles = proxy_roles.roles_table(dicts)
+    if roles:
+        print("\nProxy CPU per request by process role (bench/proxy_roles.py; schedstat, so it may differ from the "
+              "cpu column's utime+stime):")
+        print("\n".join(roles))
     summary = rounds_table(dicts)
     if summary:
         print("\nInterleaved rounds: each ratio against the same round's ceiling; median (min..max) over rounds:")

@@ -22,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_groups
+import proxy_roles
 
 NAMES = {"generate": "SGLang /generate (pre-tokenized) = ceiling", "chat": "SGLang /v1/chat/completions",
          "generate_fresh": "SGLang /generate (pre-tokenized), a connection per request"}
@@ -212,6 +213,10 @@ def main() -> None:
     if summary:
         print("\nInterleaved rounds: each ratio against the same round's ceiling; median (min..max) over rounds:")
         print("\n".join(summary))
+    roles = proxy_roles.roles_table(rows)
+    if roles:
+        print("\nProxy CPU per request by process role (supervisor apart from the serving processes):")
+        print("\n".join(roles))
     if args.plot:
         plot(rows, args.plot)
     if args.plot_rounds:

@@ -8,6 +8,7 @@ import logging
 import os
 
 import orjson
+import pytest
 
 from token_proxy.ops import configure_logging, log_writer
 from token_proxy.ops.access_log import ACCESS_LOGGER, sole_writer
@@ -50,6 +51,35 @@ def test_the_thread_writes_within_its_interval(tmp_path):
         writer.write_line(b"two\n")
         writer.stop()
     assert path.read_bytes() == b"one\ntwo\n"
+
+
+def _timeslices(thread) -> int:
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[2])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads the thread's schedstat (Linux)")
+def test_an_idle_writer_sleeps_until_a_line_comes(tmp_path):
+    """A process that logs nothing pays no wake-ups for its writer (issue 30.3: a poll every interval cost
+    each --workers process ~1.4 ms of CPU a second); the first line after the idle spell wakes it."""
+    path = tmp_path / "err.log"
+    with open(path, "a") as stream:
+        writer = LogWriter(stream, interval_s=0.005)
+        writer._closing.wait(0.05)  # the thread finds nothing and goes to sleep
+        before = _timeslices(writer._thread)
+        writer._closing.wait(0.3)  # polling every 5 ms would be ~60 wake-ups
+        assert _timeslices(writer._thread) - before == 0
+        writer.write_line(b"after the idle spell\n")
+        for _ in range(200):
+            if path.read_bytes():
+                break
+            writer._closing.wait(0.005)
+        assert path.read_bytes() == b"after the idle spell\n"
+        writer.write_line(b"busy 1\n")
+        writer.write_line(b"busy 2\n")
+        writer.stop()
+    assert path.read_bytes() == b"after the idle spell\nbusy 1\nbusy 2\n"
+    assert not writer._thread.is_alive()
 
 
 async def test_configured_access_lines_bypass_log_records(make_sim, make_proxy, tmp_path, monkeypatch):

@@ -3,8 +3,11 @@
 The event loop never waits on stderr (a full pipe, a blocked terminal) and pays no queue hand-off and
 no thread wake-up per line: adding a line is a deque append, and the writer looks for lines every
 `interval_s` on its own (waking it per batch cost the loop ~2.5 % of a request at concurrency 1:
-Event.set's notify and the GIL hand-off after it). Access lines skip logging's machinery altogether
-(`write_line`: bytes already encoded, no LogRecord).
+Event.set's notify and the GIL hand-off after it). A look that finds nothing puts it to sleep until the
+next line (one Event.set per idle spell, not per line): a process that logs nothing wakes it never, where
+a poll every 50 ms cost each process ~1.4 ms of CPU a second, once per serving process with --workers N
+(bench/RESULTS.md, issue 30.3). Access lines skip logging's machinery altogether (`write_line`: bytes
+already encoded, no LogRecord).
 
 Every os.write holds whole lines only, at most PIPE_BUF bytes unless one line is longer: with
 --workers N several processes share stderr, and a pipe writes up to PIPE_BUF atomically (an
@@ -32,12 +35,17 @@ class LogWriter(logging.Handler):
         self._lines: collections.deque[bytes] = collections.deque()  # append/popleft: thread-safe
         self._write_lock = threading.Lock()  # the writer thread and flush(); never held by emit()
         self._closing = threading.Event()
+        self._wake = threading.Event()  # set by the first line after the writer went to sleep, and by close()
+        self._asleep = False
         self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
         self._thread.start()
 
     def write_line(self, line: bytes) -> None:
         """One encoded line, ending in a newline (the access log's fast path)."""
         self._lines.append(line)
+        if self._asleep:  # the first line of a busy spell wakes the writer; the rest are only appended
+            self._asleep = False
+            self._wake.set()
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -54,6 +62,7 @@ class LogWriter(logging.Handler):
     def close(self) -> None:
         """Stops the thread and writes what is left (at exit: logging.shutdown, or stop())."""
         self._closing.set()
+        self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
         self.flush()
@@ -62,9 +71,16 @@ class LogWriter(logging.Handler):
     stop = close  # configure_logging's callers stop "the listener"
 
     def _run(self) -> None:
-        while not self._closing.wait(self.interval_s):  # close() ends the wait
+        while not self._closing.is_set():
             if self._lines:
                 self.flush()
+                self._closing.wait(self.interval_s)  # lines keep coming: gather them (close() ends the wait)
+                continue
+            self._asleep = True
+            if not self._lines:  # else a line came before the flag was up: its writer did not wake us
+                self._wake.wait()
+            self._wake.clear()
+            self._asleep = False
 
     def _write_pending(self) -> None:
         lines = self._lines
