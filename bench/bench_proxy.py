@@ -76,6 +76,25 @@ def start(cmd: list[str], url: str) -> subprocess.Popen:
     raise SystemExit(f"{cmd} did not start (log: {log.name})")
 
 
+async def app_in_process(backend: str, tokenizer: str | None):
+    """The proxy app in this process (so a profiler sees it) in front of `backend`, connected: its runner
+    (`await runner.cleanup()` when done) and port."""
+    from aiohttp import web
+
+    from token_proxy.app import create_app
+    from token_proxy.settings import Settings
+    from token_proxy.sglang.discovery import wait_until_connected
+
+    settings = Settings(backend_url=backend, tokenizer=tokenizer, backend_wait_s=30.0)
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await wait_until_connected(app, settings.backend_wait_s)
+    return runner, port
+
+
 def chat_prompt() -> list[dict]:
     text = " ".join(f"Fact {i}: the number {i * 7919 % 1000} is interesting." for i in range(80))
     return [{"role": "system", "content": "You are a careful assistant."},

@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start
+from bench_proxy import app_in_process, free_port, start
 from bench_vs_smg import OUT_TOKENS, chat_messages
 
 # (stage, (file suffix, function name)): cumulative time of the first match per request.
@@ -142,19 +142,7 @@ async def drive(url: str, n: int, warm: int, profiler: cProfile.Profile) -> floa
 
 
 async def main_async(args, backend: str) -> tuple[cProfile.Profile, float]:
-    from aiohttp import web
-
-    from token_proxy.app import create_app
-    from token_proxy.settings import Settings
-    from token_proxy.sglang.discovery import wait_until_connected
-
-    settings = Settings(backend_url=backend, tokenizer=args.tokenizer, backend_wait_s=30.0)
-    app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    await wait_until_connected(app, settings.backend_wait_s)
+    runner, port = await app_in_process(backend, args.tokenizer)
     # CPU time, not wall time: on a shared box a wall-clock profile charges other processes' turns to
     # whatever was running (a socket send that yields to the simulator, the tokenizer's thread hand-off).
     profiler = cProfile.Profile(time.process_time)

@@ -27,7 +27,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_proxy import free_port, start
+from bench_proxy import app_in_process, free_port, start
 from bench_vs_smg import OUT_TOKENS, chat_messages
 
 TOT: dict[str, int] = collections.defaultdict(int)
@@ -136,18 +136,7 @@ def install():
 
 
 async def main_async(args, backend, ids):
-    from aiohttp import web
-
-    from token_proxy.app import create_app
-    from token_proxy.settings import Settings
-    from token_proxy.sglang.discovery import wait_until_connected
-    settings = Settings(backend_url=backend, tokenizer=args.tokenizer, backend_wait_s=30.0)
-    app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    await wait_until_connected(app, settings.backend_wait_s)
+    runner, port = await app_in_process(backend, args.tokenizer)
     path = "/v1/chat/completions" if args.path == "chat" else "/inference/v1/generate"
     def body(i):
         if args.path == "chat":

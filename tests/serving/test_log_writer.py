@@ -43,14 +43,19 @@ def test_the_thread_writes_within_its_interval(tmp_path):
     with open(path, "a") as stream:
         writer = LogWriter(stream, interval_s=0.01)
         writer.write_line(b"one\n")
-        for _ in range(500):
-            if path.read_bytes():
-                break
-            writer._closing.wait(0.01)
-        assert path.read_bytes() == b"one\n"
+        assert written(path, writer, 5.0) == b"one\n"
         writer.write_line(b"two\n")
         writer.stop()
     assert path.read_bytes() == b"one\ntwo\n"
+
+
+def written(path, writer, within_s: float) -> bytes:
+    """What the writer's thread has put in the file once anything is there (or after `within_s`)."""
+    for _ in range(int(within_s / 0.005)):
+        if path.read_bytes():
+            break
+        writer._closing.wait(0.005)
+    return path.read_bytes()
 
 
 def _timeslices(thread) -> int:
@@ -70,11 +75,7 @@ def test_an_idle_writer_sleeps_until_a_line_comes(tmp_path):
         writer._closing.wait(0.3)  # polling every 5 ms would be ~60 wake-ups
         assert _timeslices(writer._thread) - before == 0
         writer.write_line(b"after the idle spell\n")
-        for _ in range(200):
-            if path.read_bytes():
-                break
-            writer._closing.wait(0.005)
-        assert path.read_bytes() == b"after the idle spell\n"
+        assert written(path, writer, 1.0) == b"after the idle spell\n"
         writer.write_line(b"busy 1\n")
         writer.write_line(b"busy 2\n")
         writer.stop()
