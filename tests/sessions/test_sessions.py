@@ -24,7 +24,7 @@ from token_proxy.sessions import (
     TemplateCodec,
 )
 from token_proxy.tokenization import ChatPrompt
-from token_proxy.tokenization.renderer import render_chat_ids
+from token_proxy.tokenization.renderer import render_chat_ids, render_chat_text
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city.",
@@ -390,3 +390,20 @@ def test_a_render_the_session_logic_asks_for_itself_never_fails_the_request(hf_t
     ids, _ = chat.send(user("Well?"))
     assert chat.outcomes[1].reason is Fallback.ASSISTANT_EDITED
     assert ids == list(render_chat_ids(hf_tokenizer, chat.prompt()))
+
+
+def test_a_session_encodes_with_the_renderers_encoder(hf_tokenizer):
+    """A session's new text is encoded by the encoder the renderer uses (the proven tiktoken twin where it
+    applies), not the tokenizer's slower encode; the ids are the same either way."""
+    calls = []
+
+    def encoder(text: str, add_special_tokens: bool) -> list[int]:
+        calls.append((text, add_special_tokens))
+        return hf_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    prompt = ChatPrompt([user("Hi")])
+    store = SessionStore()
+    plain = store.prompt_ids("a", [user("Hi")], TemplateCodec(hf_tokenizer, prompt)).ids
+    via = SessionStore().prompt_ids("a", [user("Hi")], TemplateCodec(hf_tokenizer, prompt, encoder)).ids
+    assert via == plain
+    assert calls == [(render_chat_text(hf_tokenizer, prompt), False)]

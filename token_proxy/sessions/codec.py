@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from typing import Protocol
 
 import orjson
@@ -34,8 +35,11 @@ class ChatCodec(Protocol):
 
 
 class TemplateCodec:
-    def __init__(self, tokenizer, prompt: ChatPrompt):
+    def __init__(self, tokenizer, prompt: ChatPrompt, encoder: Callable[[str, bool], list[int]] | None = None):
+        """`encoder`: the renderer's (`PromptRenderer.encoder`: the proven tiktoken twin where it applies),
+        so a session's ids are encoded as the same chat's are without one; else `tokenizer.encode`."""
         self.tokenizer = tokenizer
+        self._encoder = encoder
         self.prompt = prompt
         self.tools_key = digest_json(prompt.tools)
         self.template_key = digest_json([prompt.documents, prompt.chat_template, prompt.chat_template_kwargs,
@@ -51,6 +55,8 @@ class TemplateCodec:
         return render_chat_text(self.tokenizer, dataclasses.replace(self.prompt, messages=messages))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self._encoder is not None:
+            return self._encoder(text, add_special_tokens)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def decode(self, ids: list[int]) -> str:

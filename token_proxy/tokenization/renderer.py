@@ -126,6 +126,11 @@ class PromptRenderer:
         ids = await asyncio.shield(future)
         return Rendered(list(ids), False, time.perf_counter() - start)
 
+    @property
+    def encoder(self) -> Callable[[str, bool], list[int]]:
+        """The synchronous encode this renderer uses (for a caller already in the tokenizer thread)."""
+        return self._encode
+
     async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return await self._start(len(text), self._encode, text, add_special_tokens)
 

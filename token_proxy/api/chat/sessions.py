@@ -82,7 +82,8 @@ class ChatSession:
         start = time.perf_counter()
         self._executor = ctx.executor
         self.plan = await self.store.prompt_ids_async(ctx.executor, self.key, prompt.messages,
-                                                      TemplateCodec(ctx.renderer.tokenizer, prompt))
+                                                      TemplateCodec(ctx.renderer.tokenizer, prompt,
+                                                                    ctx.renderer.encoder))
         stats.render_s = time.perf_counter() - start
         self._report(self.plan.outcome)
         return self.plan.ids
