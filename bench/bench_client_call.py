@@ -62,19 +62,57 @@ def free_port() -> int:
 
 
 def variants(aiohttp) -> dict:
-    """Extra ClientSession options per variant, on top of what `sglang_sessions` builds."""
-    return {  # functions: a cookie jar is built inside the running loop
-        "as built": dict,
-        "+DummyCookieJar": lambda: {"cookie_jar": aiohttp.DummyCookieJar()},
-        "+auto_decompress=False": lambda: {"auto_decompress": False},
-        "+skip UA, Accept-Encoding": lambda: {"skip_auto_headers": ("User-Agent", "Accept-Encoding")},
-        "bare session.post": dict,
-        "all three": lambda: {"cookie_jar": aiohttp.DummyCookieJar(), "auto_decompress": False,
-                              "skip_auto_headers": ("User-Agent", "Accept-Encoding")},
+    """name -> (extra ClientSession options on top of what `sglang_sessions` builds, the call made)."""
+    jar = lambda: {"cookie_jar": aiohttp.DummyCookieJar()}  # built inside the running loop
+    skip = ("User-Agent", "Accept-Encoding")
+    return {
+        "as built": (dict, "generate"),
+        "+DummyCookieJar": (jar, "generate"),
+        "+auto_decompress=False": (lambda: {"auto_decompress": False}, "generate"),
+        "+skip UA, Accept-Encoding": (lambda: {"skip_auto_headers": skip}, "generate"),
+        "all three": (lambda: {**jar(), "auto_decompress": False, "skip_auto_headers": skip}, "generate"),
+        # the layers: aiohttp's bare call (no retry point, no typed errors), then ours added one by one
+        "bare session.post": (dict, "bare"),
+        "bare, content.read()": (dict, "bare content"),
+        "bare, read_bufsize=4096": (dict, "bare bufsize"),
+        "bare, a BytesPayload": (dict, "bare payload"),
+        "_Call (typed errors)": (dict, "call"),
+        "retrying + _Call": (dict, "retrying"),
     }
 
 
-async def run_variant(url: str, extra: dict, n: int, conc: int, bare: bool = False) -> float:
+def make_call(kind: str, url: str, pooled, client, mod):
+    """The coroutine function a variant times: one whole /generate and its parsed reply."""
+    import orjson
+    from aiohttp.payload import BytesPayload
+    target, headers, timeout = f"{url}/generate", {"Content-Type": "application/json"}, client._timeout
+
+    async def bare(payload):
+        async with pooled.post(target, data=orjson.dumps(payload), headers=headers, timeout=timeout,
+                               **({"read_bufsize": 4096} if kind == "bare bufsize" else {})) as r:
+            return orjson.loads(await (r.content.read() if kind == "bare content" else r.read()))
+
+    async def bare_payload(payload):
+        body = BytesPayload(orjson.dumps(payload), content_type="application/json")
+        async with pooled.post(target, data=body, timeout=timeout) as r:
+            return orjson.loads(await r.read())
+
+    async def call(payload):
+        async with client._post("/generate", payload, False) as r:
+            body = await r.read()
+        return orjson.loads(body)
+
+    async def retrying(payload):
+        async def once(again):
+            async with client._post("/generate", payload, again) as r:
+                return await r.read()
+        return orjson.loads(await mod.retrying(once, regenerates=True))
+
+    return {"generate": client.generate, "bare payload": bare_payload, "call": call,
+            "retrying": retrying}.get(kind, bare)
+
+
+async def run_variant(url: str, extra: dict, kind: str, n: int, conc: int) -> float:
     import aiohttp
 
     from token_proxy.sglang import client as mod
@@ -83,14 +121,7 @@ async def run_variant(url: str, extra: dict, n: int, conc: int, bare: bool = Fal
     fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
     async with pooled, fresh:
         client = mod.SGLangClient(url, pooled, 600.0, 10.0, fresh=fresh)
-        call = client.generate
-        if bare:  # the floor: aiohttp's own call, no retry point, no typed errors
-            import orjson
-            target, headers, timeout = f"{url}/generate", {"Content-Type": "application/json"}, client._timeout
-
-            async def call(payload):
-                async with pooled.post(target, data=orjson.dumps(payload), headers=headers, timeout=timeout) as r:
-                    return orjson.loads(await r.read())
+        call = make_call(kind, url, pooled, client, mod)
         for _ in range(50 if conc == 1 else 3):  # warm: open the pool's connections
             await asyncio.gather(*(call(PAYLOAD) for _ in range(conc)))
         per = n // conc
@@ -112,7 +143,7 @@ async def one_process(url: str, names: list[str], rounds: int, n: int) -> dict[s
         order = names if r % 2 == 0 else names[::-1]
         for v in order:
             for c in (1, 16):
-                got[f"{v} c={c}"].append(await run_variant(url, table[v](), n, c, bare=v.startswith("bare")))
+                got[f"{v} c={c}"].append(await run_variant(url, table[v][0](), table[v][1], n, c))
     return got
 
 
