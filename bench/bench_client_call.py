@@ -197,6 +197,15 @@ def main() -> None:
                     xs = got[f"{v} c={c}"]
                     cells.append(f"{statistics.median(xs):.1f} ({min(xs):.0f}..{max(xs):.0f})")
                 print(f"| {code} | {v} | {cells[0]} | {cells[1]} |")
+        if len(codes) == 2:  # paired by round: each round ran both checkouts back to back
+            first, second = (results[c] for c in codes)
+            for v in names:
+                cells = []
+                for c in (1, 16):
+                    d = [y - x for x, y in zip(first[f"{v} c={c}"], second[f"{v} c={c}"], strict=True)]
+                    lower = sum(x < 0 for x in d)
+                    cells.append(f"{statistics.median(d):+.1f} ({min(d):+.0f}..{max(d):+.0f}; {lower} of {len(d)} lower)")
+                print(f"| {codes[1]} minus {codes[0]}, paired | {v} | {cells[0]} | {cells[1]} |")
     finally:
         srv.terminate()
         srv.wait()
