@@ -25,6 +25,7 @@ from typing import Protocol, TypeVar
 
 import aiohttp
 import orjson
+from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError, ReplyBrokeOff
@@ -190,9 +191,11 @@ class SGLangClient:
     def _post(self, path: str, payload: dict, again: bool, headers: dict | None = None) -> _Call:
         """One attempt of a POST inside `retrying` (`again`: the retry's, on a fresh connection)."""
         session = self._fresh if again and self._fresh is not None else self._session
-        headers = {**self._json_headers, **headers} if headers else self._json_headers
-        return _Call(request(session, "POST", f"{self.base_url}{path}", data=orjson.dumps(payload),
-                             headers=headers, timeout=self._timeout, ssl=self._ssl_arg()), self.base_url)
+        # The content type rides on the body, so a plain call passes no headers: aiohttp merges none (~2.5 us)
+        body = BytesPayload(orjson.dumps(payload), content_type="application/json")
+        headers = {**self._auth, **headers} if headers else self._auth or None
+        return _Call(request(session, "POST", f"{self.base_url}{path}", data=body, headers=headers,
+                             timeout=self._timeout, ssl=self._ssl_arg()), self.base_url)
 
     async def _send(self, method: str, path: str, headers: dict | None = None, **kwargs) -> aiohttp.ClientResponse:
         """Every HTTP call to SGLang but /generate goes out here: the response once its headers are in,
