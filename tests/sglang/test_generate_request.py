@@ -8,7 +8,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from token_proxy.sglang.client import SGLangClient, sglang_sessions
+from token_proxy.sglang import SGLangClient
+from token_proxy.sglang.client import sglang_sessions
 
 PAYLOAD = {"input_ids": [785, 3974], "rid": "r-1", "sampling_params": {"max_new_tokens": 2}, "stream": False}
 REPLY = {"text": "", "output_ids": [1, 2], "meta_info": {"id": "r-1", "finish_reason": {"type": "length"}}}
