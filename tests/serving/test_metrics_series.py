@@ -55,3 +55,19 @@ def test_route_children_count_each_status_and_stream_apart():
     assert value("token_proxy_requests_total", {"endpoint": "/v1/completions", "status": "400", "stream": "false"}) == 1
     assert value("token_proxy_request_duration_seconds_count", {"endpoint": "/v1/completions", "stream": "false"}) == 3
     assert value("token_proxy_prompt_tokens_total", {"endpoint": "/v1/completions"}) == 12
+
+
+def test_a_probe_makes_no_token_or_first_token_series():
+    """As when children were looked up per request: a route that never saw a first token or a token (a probe,
+    a 404) shows only its request count and latency in /metrics, no zero ttft/tpot/token series."""
+    metrics = ProxyMetrics()
+    metrics.observe("/health", 200, RequestStats(endpoint="/health"), 0.001)
+    names = {(s.name, s.labels.get("endpoint")) for m in metrics.registry.collect() for s in m.samples}
+    endpoints = {name: endpoint for name, endpoint in names if endpoint == "/health"}
+    assert "token_proxy_requests_total" in endpoints
+    assert "token_proxy_request_duration_seconds_count" in endpoints
+    for absent in ("token_proxy_time_to_first_token_seconds_count", "token_proxy_time_per_output_token_seconds_count",
+                   "token_proxy_prompt_tokens_total", "token_proxy_completion_tokens_total"):
+        assert absent not in endpoints, absent
+    metrics.observe("/v1/completions", 200, RequestStats(endpoint="/v1/completions", prompt_tokens=3), 0.01)
+    assert metrics.registry.get_sample_value("token_proxy_prompt_tokens_total", {"endpoint": "/v1/completions"}) == 3

@@ -20,11 +20,21 @@ class RouteSeries:
         self._metrics, self.endpoint, self.stream = metrics, endpoint, stream
         self._statuses: dict[int, object] = {}
         self.latency = fast_observer(metrics.child(metrics.latency, endpoint, stream))
-        self.ttft = fast_observer(metrics.child(metrics.ttft, endpoint, stream))
-        self.tpot = fast_observer(metrics.child(metrics.tpot, endpoint, stream))
         self.render = fast_observer(metrics.render)
-        self.prompt_tokens = metrics.child(metrics.prompt_tokens, endpoint)
-        self.completion_tokens = metrics.child(metrics.completion_tokens, endpoint)
+
+    def __getattr__(self, name: str):
+        """The children only some requests observe (ttft, tpot, prompt and completion tokens), made on first
+        use: a labelled child appears in /metrics once made, so a route that never had a first token (a
+        probe, a 404) shows none of them, as before they were looked up once."""
+        metrics = self._metrics
+        if name in ("ttft", "tpot"):
+            value = fast_observer(metrics.child(getattr(metrics, name), self.endpoint, self.stream))
+        elif name in ("prompt_tokens", "completion_tokens"):
+            value = metrics.child(getattr(metrics, name), self.endpoint)
+        else:
+            raise AttributeError(name)
+        setattr(self, name, value)
+        return value
 
     def requests(self, status: int):
         found = self._statuses.get(status)
