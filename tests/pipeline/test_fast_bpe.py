@@ -199,6 +199,9 @@ def test_each_static_condition_refuses_with_its_reason():
          "the pre-tokenizer's second step is not ByteLevel without regex or prefix space"),
         (lambda spec: spec["added_tokens"].append({**spec["added_tokens"][1], "id": 262, "content": "<|im"}),
          "the added token '<|im' is inside '<|im_start|>'"),
+        # "|>Q" and '<|im_start|>' share "|>" in "<|im_start|>Q": tokenizers and tiktoken may split it apart
+        (lambda spec: spec["added_tokens"].append({**spec["added_tokens"][1], "id": 262, "content": "|>Q"}),
+         "the added tokens '<|im_start|>' and '|>Q' can overlap"),
         (lambda spec: spec["model"]["vocab"].update({"he": 258, "hell": 256}),
          "the merge 'l' + 'l' makes id 257, below an earlier merge's 258"),
         (lambda spec: spec["model"]["vocab"].__setitem__("lo", 262),
@@ -288,3 +291,27 @@ def test_a_tokenizer_json_the_proof_did_not_foresee_falls_back_with_its_reason(m
     assert fast is None
     assert line.startswith("tokenizers encodes prompts (no tiktoken twin: the proof failed on this tokenizer "
                            "(KeyError: 'merges');")
+
+
+def test_a_text_past_the_twins_bound_goes_to_the_tokenizer(hf_tokenizer, hf_fast_bpe):
+    """tiktoken's regex engine gives up on a whitespace run of ~1,000,000 characters before a letter (a
+    ValueError, which was a 500): a text longer than TWIN_MAX_CHARS is encoded by tokenizers, and a twin
+    that raises falls back too."""
+    from token_proxy.tokenization.renderer import TWIN_MAX_CHARS
+
+    fast, spy = spied(hf_fast_bpe)
+    encode = text_encoder(hf_tokenizer, fast)
+    long_run = " " * 1_000_001 + "x"
+    expected = hf_tokenizer.backend_tokenizer.encode_batch_fast([long_run], add_special_tokens=False)[0].ids
+    assert encode(long_run, False) == expected
+    assert spy.calls == 0
+    edge = "a" * TWIN_MAX_CHARS
+    assert encode(edge, False) == hf_tokenizer.encode(edge, add_special_tokens=False)
+    assert spy.calls == 1
+
+    def gives_up(text):
+        raise ValueError("Regex error while tokenizing: Max stack size exceeded for backtracking")
+
+    raising = type(hf_fast_bpe)(gives_up, hf_fast_bpe.adds_nothing, ())
+    assert text_encoder(hf_tokenizer, raising)("plain text", False) == hf_tokenizer.encode(
+        "plain text", add_special_tokens=False)

@@ -109,6 +109,12 @@ def added_tokens_refusal(added_tokens: list[dict]) -> str | None:
         for outer in contents[i + 1:]:
             if inner in outer:
                 return f"the added token {inner!r} is inside {outer!r}"
+    # Two that can overlap in a text ("Qxa" and "xaZ" in "QxaZ"): tokenizers matches the unnormalized ones in a
+    # pass of their own before the normalized ones, tiktoken takes the leftmost; they may then split differently.
+    for first in contents:
+        for second in contents:
+            if first != second and any(first.endswith(second[:n]) for n in range(1, min(len(first), len(second)))):
+                return f"the added tokens {first!r} and {second!r} can overlap"
     return None
 
 

@@ -32,6 +32,9 @@ from token_proxy.tokenization.fast_bpe import FastBpe
 # Inputs up to this size (~8k tokens) may be rendered on the event loop: a bigger one would hold
 # probes (/health, /metrics) for milliseconds, and its thread hop is small beside its encode.
 INLINE_MAX_SIZE = 32 * 1024
+# The longest text the tiktoken twin is given: its regex engine (fancy-regex) gives up on a whitespace run of
+# ~1,000,000 characters before a letter (`\s+(?!\S)` backtracks past its limit); tokenizers encodes longer ones.
+TWIN_MAX_CHARS = 256 * 1024
 # What a cache entry holds beside its ids: the 16-byte key (a bytes object) and the LRU's node.
 KEY_AND_NODE_BYTES = 49 + 104
 
@@ -238,8 +241,11 @@ def text_encoder(tokenizer, fast_bpe: FastBpe | None = None) -> Callable[[str, b
         if backend.encode_special_tokens != split_special:
             return encode_text(tokenizer, text, add_special_tokens)
         twin = fast_with_specials if add_special_tokens else fast
-        if twin is not None and text.isascii():
-            return twin(text)
+        if twin is not None and len(text) <= TWIN_MAX_CHARS and text.isascii():
+            try:
+                return twin(text)
+            except ValueError:  # tiktoken's regex gave up (a backtracking limit): tokenizers encodes it
+                pass
         return encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     return encode
