@@ -7,8 +7,9 @@ Why each condition (tokenizer.json read through `backend_tokenizer.to_str()`):
 - the normalizer is none or NFC (the identity on ASCII) and the pre-tokenizer is one Split regex (isolated)
   then ByteLevel without its own regex, or a lone ByteLevel with GPT-2's regex: tiktoken's `pat_str`;
   tiktoken keeps only the regex's matches, HF also the gaps between them: the corpus check covers that;
-- added tokens: no lstrip/rstrip/single_word (tiktoken has none) and none inside another (tiktoken takes the
-  leftmost-first special, HF the leftmost-longest);
+- added tokens: no lstrip/rstrip/single_word (tiktoken has none), none inside another (tiktoken takes the
+  leftmost-first special, HF the leftmost-longest) and no two that can overlap in a text (HF matches the
+  unnormalized ones in a pass before the normalized ones, tiktoken the leftmost);
 - merges: HF merges the adjacent pair listed first, tiktoken the pair whose concatenation has the smallest
   id. They agree when every merge's result id grows with the merge's place, and every split of a token into
   two tokens is a listed merge (else tiktoken could merge a pair HF never does);
