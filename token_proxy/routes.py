@@ -18,7 +18,7 @@ from aiohttp import web
 
 from token_proxy import __version__
 from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
-from token_proxy.admin.fence import add_fence
+from token_proxy.fleet.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.derender import chat_completions_derender

@@ -360,7 +360,7 @@ async def test_a_weight_update_logs_one_line_with_version_workers_and_time(make_
 async def test_a_long_weight_update_says_it_is_still_running(make_proxy, sim, caplog, monkeypatch):
     import logging
 
-    from token_proxy.admin import workers
+    from token_proxy.fleet import plane as workers
 
     monkeypatch.setattr(workers, "PROGRESS_EVERY_S", 0.05)
     proxy = await make_proxy(sim)

@@ -18,8 +18,7 @@ from tests.admin.test_fleet import state, url_of, weights_dir
 from tests.sglang.test_router import wait_for_workers
 from tests.support.admin_fixtures import free_port, stop_process, until
 from token_proxy.admin import ADMIN
-from token_proxy.admin.fence import FENCE
-from token_proxy.pipeline.fleet_versions import VersionRecord
+from token_proxy.fleet import FENCE, VersionRecord
 from token_proxy.simulator import params
 from token_proxy.simulator.rl_routes import RL_SIM
 from token_proxy.simulator.testing import parse_sse

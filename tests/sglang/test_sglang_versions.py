@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from tests.support.admin_fixtures import until
-from token_proxy.admin import ADMIN, flush
+from token_proxy.admin import ADMIN
+from token_proxy.fleet import flush
 from token_proxy.sglang import sglang_request
 from token_proxy.sglang.payload import sampling_params
 from token_proxy.sglang.sampling import keys_for

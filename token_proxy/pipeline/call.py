@@ -13,7 +13,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
-from token_proxy.pipeline.fleet_versions import FleetVersions, reply_versions, resend_stale
+from token_proxy.fleet.versions import FleetVersions, reply_versions, resend_stale
 from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames

@@ -22,7 +22,7 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import json_response, response_headers
 from token_proxy.pipeline.call import generate_streamed, generate_whole
-from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
+from token_proxy.fleet.versions import FLEET_VERSIONS
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of

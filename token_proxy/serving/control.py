@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from token_proxy.admin.workers import ADMIN as ADMIN_PLANE
+from token_proxy.fleet.plane import ADMIN as ADMIN_PLANE
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.sync import MAP_PUBLISHED, AdapterPublisher

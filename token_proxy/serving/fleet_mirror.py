@@ -9,7 +9,7 @@ import logging
 
 import aiohttp
 
-from token_proxy.pipeline.fleet_versions import VersionRecord
+from token_proxy.fleet.versions import VersionRecord
 
 log = logging.getLogger(__name__)
 

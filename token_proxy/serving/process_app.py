@@ -18,7 +18,7 @@ from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.exposition import EXTRA_METRICS
-from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
+from token_proxy.fleet.versions import FLEET_VERSIONS
 from token_proxy.role import ROLE
 from token_proxy.route_row import OWNER
 from token_proxy.routes import ROUTES, add_rows

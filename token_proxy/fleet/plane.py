@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendTimeout
-from token_proxy.pipeline.fleet_versions import VersionBoard, VersionRecord
+from token_proxy.fleet.versions import VersionBoard, VersionRecord
 from token_proxy.sglang.versions import SGLangFeatures
 from token_proxy.sglang.workers import WorkerReply, Workers
 

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from token_proxy.admin import fleet, router_list
-from token_proxy.admin.flush import safe_flush, settle_refusals
-from token_proxy.admin.workers import ADMIN, AdminPlane
+from token_proxy.fleet import transaction as fleet, router_list
+from token_proxy.fleet.flush import safe_flush, settle_refusals
+from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.errors import BackendUnavailable
-from token_proxy.pipeline.fleet_versions import FLEET_VERSIONS
+from token_proxy.fleet.versions import FLEET_VERSIONS
 from token_proxy.sglang.workers import WorkerReply
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
 

@@ -24,7 +24,7 @@ import time
 
 import orjson
 
-from token_proxy.admin.workers import AdminPlane
+from token_proxy.fleet.plane import AdminPlane
 from token_proxy.sglang.workers import WorkerReply
 
 log = logging.getLogger(__name__)

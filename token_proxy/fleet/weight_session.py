@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from token_proxy.admin.workers import AdminPlane
+from token_proxy.fleet.plane import AdminPlane
 from token_proxy.sglang.versions import SGLangFeatures, features_for
 from token_proxy.sglang.workers import WorkerReply, server_infos
 

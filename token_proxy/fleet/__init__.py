@@ -1,0 +1,18 @@
+"""The fleet's weights, a feature that hooks into the pipeline: the admin plane's state over the
+workers (plane.py: `AdminPlane`, its version record), the version record the data path judges replies
+by (versions.py), one weight update for every worker at once (transaction.py), the fence that keeps a
+restarted or drifted worker out and heals it (fence.py), prefix-cache flushes (flush.py), SGLang's
+weight-update session (weight_session.py) and sglang-router's worker list (router_list.py)."""
+
+from token_proxy.faces import door
+
+__all__ = ["ADMIN", "FENCE", "AdminPlane", "StepResult", "VersionRecord", "add_fence"]
+
+__getattr__ = door(__name__, {
+    "ADMIN": "plane",
+    "FENCE": "fence",
+    "AdminPlane": "plane",
+    "StepResult": "plane",
+    "VersionRecord": "versions",
+    "add_fence": "fence",
+})
