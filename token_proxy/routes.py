@@ -18,7 +18,6 @@ from aiohttp import web
 
 from token_proxy import __version__
 from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
-from token_proxy.fleet.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.derender import chat_completions_derender
@@ -32,6 +31,7 @@ from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
+from token_proxy.fleet.fence import add_fence
 from token_proxy.http_io import ROUTE_TABLE, json_response, kind_in
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS

@@ -70,9 +70,9 @@ class Settings:
     admin_timeout_s: float = 300.0
     weight_update_timeout_s: float = 720.0
     init_group_timeout_s: float = 300.0
-    # The fence (admin/fence.py): how often every worker's /model_info weight version is read, to keep a
+    # The fence (fleet/fence.py): how often every worker's /model_info weight version is read, to keep a
     # worker that restarted or drifted from the fleet's version out until it is healed (0: off); and how
-    # many times a reply on weights the fleet does not serve is sent (pipeline/fleet_versions.py; 0: off).
+    # many times a reply on weights the fleet does not serve is sent (pipeline/reply_check.py; 0: off).
     fence_interval_s: float = 0.25
     stale_reply_tries: int = 4
     # Refuse weight / adapter paths that look local but do not exist here: SGLang would try them

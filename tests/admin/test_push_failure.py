@@ -246,8 +246,8 @@ async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim,
     ([("A", 0, "timeout"), ("B", 0, "timeout")], 504),
 ])
 def test_a_failed_push_answers_400_only_when_every_worker_was_heard_refusing_it(replies, status):
-    from token_proxy.fleet.transaction import push_status
     from token_proxy.errors import BackendTimeout, BackendUnavailable
+    from token_proxy.fleet.transaction import push_status
     from token_proxy.sglang import WorkerReply
     from token_proxy.sglang.workers import aborted
 

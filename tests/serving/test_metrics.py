@@ -199,7 +199,7 @@ async def test_weight_updates_count_time_and_follow_the_version(sim, make_app_cl
         return web.json_response({"success": True, "message": ""})
 
     # The fake route changes versions behind the admin plane's back: its fence and stale-reply check
-    # (admin/fence.py) would undo and refuse them; both off here.
+    # (fleet/fence.py) would undo and refuse them; both off here.
     proxy = await make_app_client(sim, routes=[("POST", "/test/update_weights", fake_update)],
                                   weight_routes={"/test/update_weights"}, fence_interval_s=0, stale_reply_tries=0)
     before = await scrape(proxy)

@@ -12,11 +12,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from token_proxy import checks as check
-from token_proxy.fleet import transaction as fleet, weight_session
 from token_proxy.admin import native_checks as native
+from token_proxy.errors import InvalidRequest, NotFound
+from token_proxy.fleet import transaction as fleet
+from token_proxy.fleet import weight_session
 from token_proxy.fleet.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.fleet.plane import ADMIN, AdminPlane, StepResult
-from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import parse_json_object, route_of
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT

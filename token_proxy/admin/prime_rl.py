@@ -15,11 +15,11 @@ from aiohttp import web
 
 from token_proxy import checks as check
 from token_proxy.admin import vllm_rl, vllm_weights
+from token_proxy.admin.forward import group_bodies, note_group
+from token_proxy.errors import BackendTimeout, InvalidRequest, ProxyError
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import read_pending
-from token_proxy.admin.forward import group_bodies, note_group
 from token_proxy.fleet.plane import ADMIN, AdminPlane
-from token_proxy.errors import BackendTimeout, InvalidRequest, ProxyError
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.routes import add_lora_admin
 from token_proxy.sglang.pause import PRIME_RL, to_sglang

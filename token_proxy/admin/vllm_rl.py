@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from token_proxy import checks as check
+from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import flush_or_owe, pending, read_pending
 from token_proxy.fleet.plane import ADMIN, AdminPlane
-from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.sglang.pause import VLLM, checked_mode, to_sglang
 from token_proxy.sglang.workers import WorkerFailed, failure_status, raise_for_failures, server_infos

@@ -8,13 +8,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from token_proxy import checks as check
-from token_proxy.fleet import transaction as fleet, weight_session
-from token_proxy.fleet.fence import fence_info
-from token_proxy.fleet.flush import flush_or_owe
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.admin.vllm_rl import VLLM_RL, NotImplementedBySGLang, VllmRlState, require_group
-from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.errors import InvalidRequest
+from token_proxy.fleet import transaction as fleet
+from token_proxy.fleet import weight_session
+from token_proxy.fleet.fence import fence_info
+from token_proxy.fleet.flush import flush_or_owe
+from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.http_io import json_response, read_json
 from token_proxy.sglang.workers import raise_for_failures, server_infos
 

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from token_proxy.fleet import transaction as fleet, router_list
+from token_proxy.errors import BackendUnavailable
+from token_proxy.fleet import router_list
+from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import safe_flush, settle_refusals
 from token_proxy.fleet.plane import ADMIN, AdminPlane
-from token_proxy.errors import BackendUnavailable
-from token_proxy.fleet.versions import FLEET_VERSIONS
+from token_proxy.fleet.versions import register_reply_check
 from token_proxy.sglang.workers import WorkerReply
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
 
@@ -298,7 +299,7 @@ def add_fence(app: web.Application) -> None:
 async def _fence(app: web.Application):
     plane = app[ADMIN]
     settings = plane.settings
-    app[FLEET_VERSIONS] = plane.board
+    register_reply_check(app, plane.board)
     fence = app[FENCE] = Fence(plane, settings.fence_interval_s)
     if REGISTER_COLLECTOR in app:
         app[REGISTER_COLLECTOR](FenceCollector(fence))

@@ -54,7 +54,7 @@ class AdminPlane(Workers):
     _step_arrived: asyncio.Event = field(default_factory=asyncio.Event)
     # The proxy's own record of version changes: (monotonic time, version), oldest first.
     history: list[tuple[float, str]] = field(default_factory=list)
-    # Workers that updated weights without flushing their prefix cache (admin_flush.py says why).
+    # Workers that updated weights without flushing their prefix cache (flush.py says why).
     owed_flushes: set[str] = field(default_factory=set)
     # Weight-update groups joined through the proxy (an NCCL step without one can never arrive).
     live_groups: set[str] = field(default_factory=set)
@@ -78,7 +78,7 @@ class AdminPlane(Workers):
     client_session: bool = False
     # The fence (fence.py): workers it took out of sglang-router's list (still admin-plane workers: a
     # weight update reaches them), whether the last disk update verified checksums, and the versions
-    # calls in flight are setting (the data path accepts them: pipeline/fleet_versions.py).
+    # calls in flight are setting (the data path accepts them: pipeline/reply_check.py).
     router_removed: dict[str, None] = field(default_factory=dict)
     checksum_verified: bool = False
     incoming: dict[str, float] = field(default_factory=dict)

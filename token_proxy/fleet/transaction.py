@@ -36,9 +36,9 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
+from token_proxy.errors import BackendTimeout, BackendUnavailable, InvalidRequest
 from token_proxy.fleet.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.fleet.plane import AdminPlane, StepResult
-from token_proxy.errors import BackendTimeout, BackendUnavailable, InvalidRequest
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, raise_for_failures
 
 log = logging.getLogger(__name__)

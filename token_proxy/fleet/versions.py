@@ -6,33 +6,27 @@ at any moment from the request's send until its reply, plus the versions an upda
 the fleet to. So a rollout kept across a keep-pause (sent on A, finished on B after the push) passes, as
 does one that finished on A just before the fleet moved to B; a worker that restarted and reports
 "default" (or any version the fleet left before the request was sent) does not. The fleet's record is the
-admin plane's (its VersionBoard, admin/workers.py; a --workers process mirrors it, serving/fleet_mirror.py).
+admin plane's (its VersionBoard, plane.py; a --workers process mirrors it, serving/fleet_mirror.py); the
+pipeline asks through the hook this module registers (pipeline/reply_check.py).
 A reply without a weight version (SGLang before weight versions) cannot be judged and passes.
 
-The admin plane's watcher (admin/fence.py) keeps a worker that restarted or drifted out of the fleet;
+The admin plane's watcher (fence.py) keeps a worker that restarted or drifted out of the fleet;
 this check covers the moments before it does.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from aiohttp import web
 
-from token_proxy.errors import BackendUnavailable
+from token_proxy.pipeline.reply_check import REPLY_CHECK
 
 log = logging.getLogger(__name__)
-
-RETRY_BACKOFF_S = 0.05  # doubled per try: the watcher takes the stale worker out meanwhile
-RETRY_BACKOFF_MAX_S = 1.0
-T = TypeVar("T")
-
 
 @dataclass(slots=True)
 class VersionRecord:
@@ -82,7 +76,7 @@ class FleetVersions(Protocol):
 
 
 class VersionBoard:
-    """The admin owner's: the plane puts a fresh record here on every change (admin/workers.py)."""
+    """The admin owner's: the plane puts a fresh record here on every change (fleet/plane.py)."""
 
     __slots__ = ("record",)
 
@@ -91,20 +85,6 @@ class VersionBoard:
 
     async def refresh(self) -> None:
         return None
-
-
-FLEET_VERSIONS: web.AppKey[FleetVersions] = web.AppKey("fleet_versions", object)
-
-
-def reply_versions(items: Iterable[dict]) -> set[str]:
-    """The weight versions SGLang reports in each item's (or stream event's) meta_info."""
-    out = set()
-    for item in items:
-        meta = item.get("meta_info") if isinstance(item, dict) else None
-        version = meta.get("weight_version") if isinstance(meta, dict) else None
-        if version is not None:
-            out.add(str(version))
-    return out
 
 
 async def stale_version(fleet: FleetVersions, versions: set[str], since: float) -> str | None:
@@ -122,28 +102,23 @@ async def stale_version(fleet: FleetVersions, versions: set[str], since: float) 
     return bad[0] if bad else None
 
 
-async def resend_stale(reply: T, since: float, send: Callable[[], Awaitable[T]],
-                       versions_of: Callable[[T], set[str]], fleet: FleetVersions, tries: int,
-                       on_stale: Callable[[T], Awaitable[None]], count: Callable[[], None]) -> T:
-    """The slow path, for a reply (sent at `since`) whose version is not the fleet's current one: judged
-    against the accepted set; a stale one is counted, handed to `on_stale` (a stream is closed there) and
-    sent again, up to `tries` sends in all; the last stale one is a 503."""
-    backoff = RETRY_BACKOFF_S
-    for attempt in range(1, tries + 1):
-        bad = await stale_version(fleet, versions_of(reply), since)
-        if bad is None:
-            return reply
-        count()
-        await on_stale(reply)
-        current = fleet.record.current
-        log.warning("a reply came from weight version %r, not the fleet's %r: sent again (%d of %d)", bad,
-                    current, attempt, tries)
-        if attempt == tries:
-            raise BackendUnavailable(
-                f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}, "
-                f"{tries} time(s): a worker is out of step with the fleet (GET /weight_info names it)")
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
-        since = time.monotonic()
-        reply = await send()
-    return reply
+class FleetCheck:
+    """The pipeline's reply check (pipeline/reply_check.py's REPLY_CHECK) over this process's record of the
+    fleet's versions: the admin plane's VersionBoard, a --workers process's mirror, or a follower's copy of
+    its controller's record."""
+
+    __slots__ = ("fleet",)
+
+    def __init__(self, fleet: FleetVersions) -> None:
+        self.fleet = fleet
+
+    def current(self) -> str | None:
+        return self.fleet.record.current
+
+    async def stale(self, versions: set[str], since: float) -> str | None:
+        return await stale_version(self.fleet, versions, since)
+
+
+def register_reply_check(app: web.Application, fleet: FleetVersions) -> None:
+    """At start-up, as lora/resolve.py registers MODEL_RESOLVER: the data path judges replies by `fleet`."""
+    app[REPLY_CHECK] = FleetCheck(fleet)

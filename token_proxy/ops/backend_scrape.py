@@ -11,8 +11,8 @@ import logging
 
 from aiohttp import web
 
-from token_proxy.fleet.plane import ADMIN
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
+from token_proxy.fleet.plane import ADMIN
 from token_proxy.ops.metrics import METRICS, ProxyMetrics
 from token_proxy.state import CONTEXT, SETTINGS
 

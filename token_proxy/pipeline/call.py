@@ -13,8 +13,8 @@ from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
-from token_proxy.fleet.versions import FleetVersions, reply_versions, resend_stale
 from token_proxy.pipeline.output_rules import OutputRules
+from token_proxy.pipeline.reply_check import ReplyCheck, reply_versions, resend_stale
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.client import abort_all_of, aborting_on_exit
@@ -25,10 +25,10 @@ from token_proxy.vocabulary import Output, Reloads
 
 async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
                          stats: RequestStats, lora: Reloads | None = None,
-                         fleet: FleetVersions | None = None) -> list[Output]:
+                         fleet: ReplyCheck | None = None) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
     request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again.
-    With `fleet`, a reply on weights the fleet does not serve is sent again (fleet_versions.py)."""
+    With `fleet`, a reply on weights the fleet does not serve is sent again (reply_check.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         stats.mark_sent()
         once = lambda: ctx.client.generate(call.body, lora, call.headers)
@@ -46,10 +46,10 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
 
 async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
                             formatter, stats: RequestStats, lora: Reloads | None = None,
-                            fleet: FleetVersions | None = None) -> web.StreamResponse:
+                            fleet: ReplyCheck | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
     With `fleet`, the first event's weight version is checked before any byte reaches the client: a
-    stream on weights the fleet does not serve is closed and opened again (fleet_versions.py)."""
+    stream on weights the fleet does not serve is closed and opened again (reply_check.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
         stats.mark_sent()
         once = lambda: _open_stream(ctx, call, lora, stack)
@@ -77,10 +77,10 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
     return response
 
 
-def _on_current(items: list[dict], fleet: FleetVersions) -> bool:
+def _on_current(items: list[dict], fleet: ReplyCheck) -> bool:
     """The fast path of the stale-weights check: every item (or first stream event) carries the fleet's
-    current version, or none; anything else is judged by fleet_versions.resend_stale."""
-    current = fleet.record.current
+    current version, or none; anything else is judged by reply_check.resend_stale."""
+    current = fleet.current()
     for item in items:
         meta = item.get("meta_info")
         version = meta.get("weight_version") if meta else None

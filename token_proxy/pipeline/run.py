@@ -22,9 +22,9 @@ from aiohttp import web
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import json_response, response_headers
 from token_proxy.pipeline.call import generate_streamed, generate_whole
-from token_proxy.fleet.versions import FLEET_VERSIONS
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import OutputRules
+from token_proxy.pipeline.reply_check import REPLY_CHECK
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
 from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
@@ -158,8 +158,8 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, pr
     rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
     formatter = await endpoint.formatter(ctx, meta)
     lora = target.reloads if target.lora_path else None
-    # The last line against stale weights (fleet_versions.py); --stale-reply-tries 0 turns it off.
-    fleet = request.app.get(FLEET_VERSIONS) if ctx.settings.stale_reply_tries else None
+    # The last line against stale weights (reply_check.py: the hook fleet/ registers); --stale-reply-tries 0 turns it off.
+    fleet = request.app.get(REPLY_CHECK) if ctx.settings.stale_reply_tries else None
     if job.stream:
         return await generate_streamed(request, ctx, call, rules, formatter, stats, lora, fleet)
     outputs = await generate_whole(ctx, call, rules, stats, lora, fleet)

@@ -1,5 +1,5 @@
 """A --workers data-plane process's copy of the fleet's weight-version record (the last line against
-stale weights, pipeline/fleet_versions.py, reads it): long-polled from the admin owner, and asked for
+stale weights, pipeline/reply_check.py, reads it): long-polled from the admin owner, and asked for
 at once when a reply's version is not in it (a change the poll has not brought yet)."""
 
 from __future__ import annotations

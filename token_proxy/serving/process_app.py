@@ -12,13 +12,13 @@ import aiohttp
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable, NotFound
+from token_proxy.fleet.versions import register_reply_check
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.resolve import register_resolver
 from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
 from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.exposition import EXTRA_METRICS
-from token_proxy.fleet.versions import FLEET_VERSIONS
 from token_proxy.role import ROLE
 from token_proxy.route_row import OWNER
 from token_proxy.routes import ROUTES, add_rows
@@ -101,7 +101,8 @@ async def _worker_state(app: web.Application):
             registry.base_names = {backend.served_model_name}
 
         app[CONTEXT].when_ready(learn)
-        mirror = app[FLEET_VERSIONS] = FleetMirror(session)  # the fleet's versions (the stale-reply check)
+        mirror = FleetMirror(session)  # the fleet's versions (the stale-reply check)
+        register_reply_check(app, mirror)
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(follower.run()), loop.create_task(mirror.run())]
         with contextlib.suppress(asyncio.TimeoutError):  # the owner is up before workers start

@@ -2,7 +2,7 @@
 
 The data path goes to one URL (a server or an sglang-router); weight updates, pauses and LoRA loads must
 reach every server. The worker list is the --worker flags, else what the router lists at /workers, else
-the backend itself. The admin plane's state (pause, versions, flushes) is admin/workers.py's, on top.
+the backend itself. The admin plane's state (pause, versions, flushes) is fleet/plane.py's, on top.
 """
 
 from __future__ import annotations
