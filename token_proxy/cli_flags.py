@@ -131,6 +131,8 @@ FLAG_GROUPS = (
          "take")),
         ("--fence-interval", "fence_interval_s", float, ("seconds between reads of every worker's weight "
          "version: one that restarted or differs from the fleet's is kept out until healed (0: off)")),
+        ("--fleet-controller", "fleet_controller", str, ("follow the proxy at this URL, which controls the "
+         "workers' weights: admin calls go there; this one never fences or heals (default: this one controls)")),
         ("--stale-reply-tries", "stale_reply_tries", int, ("times a reply on weights the fleet does not serve "
          "is sent before a 503 (0: returned as it is)")),
         ("--check-local-paths", "check_local_paths", flag_bool, ("refuse weight/adapter paths that look local "

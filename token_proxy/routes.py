@@ -31,6 +31,7 @@ from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
+from token_proxy.fleet import ownership
 from token_proxy.fleet.fence import add_fence
 from token_proxy.http_io import ROUTE_TABLE, json_response, kind_in
 from token_proxy.lora import routes as lora
@@ -40,7 +41,7 @@ from token_proxy.ops.exposition import metrics_endpoint
 from token_proxy.ops.openapi import openapi_json
 from token_proxy.route_row import ADMIN, INFERENCE, LOCAL, OPS, OWNER, TOKENIZER, Handler, Route
 from token_proxy.sglang.pause import PRIME_RL, VLLM
-from token_proxy.state import CONTEXT
+from token_proxy.state import CONTEXT, SETTINGS
 
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
 SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)
@@ -119,6 +120,8 @@ ROUTES: tuple[Route, ...] = (
     _admin("/reload_weights", POST, prime_rl.reload_weights, PRIME_RL, weight_update=True),
     _admin("/init_broadcaster", POST, prime_rl.init_broadcaster, PRIME_RL),
     _admin("/liveness", GET, prime_rl.liveness, PRIME_RL, kind=OPS),  # asks every worker
+    # --- one owner for the fleet's weights (fleet/ownership.py): what a follower mirrors ---
+    _admin("/fleet/versions", GET, ownership.fleet_versions, None),
     # --- vLLM 0.33's RL admin API (admin/vllm_rl.py; its weight transfer: admin/vllm_weights.py) ---
     _admin("/is_paused", GET, vllm_rl.is_paused, VLLM),
     _admin("/abort_requests", POST, vllm_rl.abort_requests, VLLM),
@@ -206,7 +209,12 @@ def add_admin_plane(app: web.Application) -> None:
     the pass-through of every other route to SGLang."""
     add_admin_state(app)
     add_fence(app)  # after the plane's state: its watcher and the data path's fleet versions
-    add_rows(app, [route for route in ROUTES if route.worker == OWNER])
+    rows = [route for route in ROUTES if route.worker == OWNER]
+    if app[SETTINGS].fleet_controller:  # a follower: the fleet's admin calls go to its controller
+        ownership.add_follower(app)
+        add_rows(app, [route for route in rows if ownership.follows(route)], ownership.forward_to_controller)
+        rows = [route for route in rows if not ownership.follows(route)]
+    add_rows(app, rows)
     add_passthrough(app)
 
 

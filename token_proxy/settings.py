@@ -74,6 +74,9 @@ class Settings:
     # worker that restarted or drifted from the fleet's version out until it is healed (0: off); and how
     # many times a reply on weights the fleet does not serve is sent (pipeline/reply_check.py; 0: off).
     fence_interval_s: float = 0.25
+    # Follow this proxy's fleet controller (fleet/ownership.py): forward the fleet's admin calls there, never
+    # fence or heal, learn the fleet's version from it. None: this process controls the fleet's weights.
+    fleet_controller: str | None = None
     stale_reply_tries: int = 4
     # Refuse weight / adapter paths that look local but do not exist here: SGLang would try them
     # as Hugging Face Hub ids. Turn off when the proxy does not share SGLang's filesystem.
@@ -214,6 +217,9 @@ def _check_admin(settings: Settings) -> None:
         raise ValueError("admin timeouts must be positive")
     if settings.fence_interval_s < 0 or settings.stale_reply_tries < 0:
         raise ValueError("--fence-interval and --stale-reply-tries must be >= 0 (0: off)")
+    controller = settings.fleet_controller
+    if controller is not None and not controller.startswith(("http://", "https://")):
+        raise ValueError(f"--fleet-controller must be the controlling proxy's http(s) URL, got {controller!r}")
 
 
 def _check_sessions(settings: Settings) -> None:

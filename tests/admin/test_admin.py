@@ -345,12 +345,12 @@ async def test_a_weight_update_logs_one_line_with_version_workers_and_time(make_
     import logging
 
     proxy = await make_proxy(sim, disable_log_requests=True)
-    caplog.set_level(logging.INFO, logger="token_proxy.admin.workers")
+    caplog.set_level(logging.INFO, logger="token_proxy.fleet.plane")
     assert (await proxy.post("/pause")).status == 200
     response = await proxy.post("/update_weights", json={"weight_dir": str(weights_dir(tmp_path, "ckpt/step_3"))})
     assert response.status == 200, await response.text()
     assert (await proxy.post("/resume")).status == 200
-    lines = [r.getMessage() for r in caplog.records if r.name == "token_proxy.admin.workers"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "token_proxy.fleet.plane"]
     (line,) = [line for line in lines if line.startswith("weights updated to version")]
     backend = proxy.app[ADMIN].settings.backend_url
     assert line.startswith(f"weights updated to version 3 on {backend} in ")
@@ -364,7 +364,7 @@ async def test_a_long_weight_update_says_it_is_still_running(make_proxy, sim, ca
 
     monkeypatch.setattr(workers, "PROGRESS_EVERY_S", 0.05)
     proxy = await make_proxy(sim)
-    caplog.set_level(logging.INFO, logger="token_proxy.admin.workers")
+    caplog.set_level(logging.INFO, logger="token_proxy.fleet.plane")
     async with proxy.app[ADMIN].transaction():
         await asyncio.sleep(0.18)
     progress = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]

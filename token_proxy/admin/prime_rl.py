@@ -190,9 +190,8 @@ async def _admin_plane(app: web.Application):
     plane = app[ADMIN] = app[WORKERS] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
                                     initial_version=None, version=None, spawn=ctx.spawn)
 
-    def learn(backend) -> None:  # once SGLang is known (start-up may come before it)
-        plane.base_model_path = plane.loaded_path = backend.model_path
-        plane.initial_version = plane.version = backend.weight_version
+    def learn(backend) -> None:  # once SGLang is known (start-up may come before it): fleet/start.py's rule
+        plane.learn_start(backend, ctx.connection.connected.picture.workers)
 
     ctx.when_ready(learn)
     yield

@@ -41,7 +41,7 @@ from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import safe_flush, settle_refusals
 from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.fleet.versions import register_reply_check
-from token_proxy.sglang.workers import WorkerReply
+from token_proxy.sglang.workers import WorkerFailed, WorkerReply
 from token_proxy.state import CONTEXT, REGISTER_COLLECTOR
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ class Fenced:
     came_back: bool = False  # it was unreachable, and answers again
     removed: bool = False  # out of sglang-router's list
     healing: bool = False
+    held: bool = False  # no checkpoint is known to hold the fleet's version: out until the next update
+    fleet_was_paused: bool = False  # at the last check (a held worker is paused again after a fleet /resume)
     last_error: str | None = None
     next_try: float = 0.0
 
@@ -98,11 +100,12 @@ class Fence:
         return plane.update_lock.locked() or plane.client_session or plane.hold is not None
 
     async def check(self) -> None:
-        """One read of every worker's version; fence what drifted, heal or re-pause what is fenced."""
+        """One read of every worker's version; fence what drifted, heal or hold what is fenced."""
         plane = self.plane
-        if plane.version is None or self.standing_aside():
+        if plane.version is None or plane.stood_down is not None or self.standing_aside():
             return
         urls = await plane.worker_urls()
+        plane.fleet_urls = tuple(urls)
         fleet = plane.version
         replies = await plane.fan_out("GET", "/model_info", None, POLL_TIMEOUT_S, urls)
         if self.standing_aside() or plane.version != fleet:
@@ -118,22 +121,29 @@ class Fence:
                 continue
             if version is None:
                 continue  # no verdict (a timeout, or an SGLang without weight versions)
+            came_back = entry is not None and entry.reason.startswith(UNREACHABLE)
+            if version not in accepted and version not in plane.known_versions and not came_back:
+                await self.stand_down(url, version)
+                return
             if entry is None:
                 if version not in accepted:
                     await self.fence(url, f"reports weight version {version!r}; the fleet serves {fleet!r}",
                                      version)
                 continue
-            if entry.reason.startswith(UNREACHABLE) and not entry.came_back:
+            if came_back and not entry.came_back:
                 entry.came_back, entry.first_version = True, version
+                plane.known_versions.add(version)  # what it started on: a restart, not another controller
                 entry.reason = f"restarted (was {entry.reason}); reports weight version {version!r}"
                 if not (version == fleet and self._pristine(fleet)):  # else its weights are the fleet's
                     log.error("worker %s fenced: %s", url, entry.reason)
                     await self.pause(url)  # a restarted SGLang comes back unpaused
             if not entry.healing and time.monotonic() >= entry.next_try:
                 self.heal_or_hold(entry, version, fleet)
+            entry.fleet_was_paused = plane.paused
 
     async def fence(self, url: str, reason: str, version: str | None) -> None:
         entry = self.fenced[url] = Fenced(url, reason, first_version=version)
+        self.plane.fenced_urls.add(url)
         self.events[FENCED] += 1
         self.plane.note_change()
         log.error("worker %s fenced: %s", url, reason)
@@ -155,8 +165,14 @@ class Fence:
             self._spawn(entry, self.let_in(entry))  # an update brought it to the fleet's weights
         elif plane.loaded_path is not None:
             self._spawn(entry, self.heal_from_disk(entry))
-        else:
-            self._spawn(entry, self.pause(entry.url))  # over NCCL: out until a push (a /resume may have continued it)
+        elif entry.held:
+            if entry.fleet_was_paused and not plane.paused:  # a fleet /resume (forwarded or not) continued it
+                self._spawn(entry, self.pause(entry.url))
+        else:  # no checkpoint holds the fleet's version: out (paused) until the next update
+            entry.held = True
+            log.error("worker %s held: no checkpoint is known to hold the fleet's version %r (it came over NCCL, "
+                      "or the workers disagreed at start); it stays fenced until the next weight update", entry.url,
+                      fleet)
 
     def _pristine(self, fleet: str) -> bool:
         """The fleet serves the weights SGLang starts with (what a restarted worker comes back on)."""
@@ -185,14 +201,19 @@ class Fence:
         task.add_done_callback(self.tasks.discard)
 
     async def heal_from_disk(self, entry: Fenced) -> None:
-        """The fleet's checkpoint on the fenced worker, as the fleet's version; verified; then let in."""
+        """The fleet's checkpoint on the fenced worker, as the fleet's version; verified; then let in. A
+        checkpoint this process did not load itself (read at start) is loaded under a label that says so,
+        proven by its weights checksum against a healthy worker's, and only then labelled the fleet's."""
         plane, url = self.plane, entry.url
         async with plane.update_lock:  # one weight update at a time (fleet.py)
             path, version = plane.loaded_path, plane.version
-            if path is None or version is None:
+            if path is None or version is None or plane.stood_down is not None:
                 return
-            log.warning("fence: healing %s from %s (version %s)", url, path, version)
-            body = {"model_path": path, "flush_cache": True, "weight_version": version}
+            proven = plane.checkpoint_proven
+            label = version if proven else f"{version}?unproven:{path}"
+            log.warning("fence: healing %s from %s (version %s%s)", url, path, version,
+                        "" if proven else ", to be proven by checksum first")
+            body = {"model_path": path, "flush_cache": True, "weight_version": label}
             (flushable,) = await safe_flush(plane, [body], [url])
             (reply,) = await plane.fan_out("POST", "/update_weights_from_disk", flushable,
                                            plane.settings.weight_update_timeout_s, [url])
@@ -200,11 +221,39 @@ class Fence:
             if not reply.ok:
                 entry.last_error = f"reload refused: {reply.message}"
                 return
+            if not proven and not await self.prove(entry, path, version, label):
+                return
             error = await self.verify(url, version)
             if error:
                 entry.last_error = error
                 return
             await self.let_in(entry)
+
+    async def prove(self, entry: Fenced, path: str, version: str, label: str) -> bool:
+        """The checkpoint read at start holds the fleet's version when the healed worker's weights checksum
+        equals a healthy worker's: then it is labelled the fleet's version; otherwise the checkpoint is
+        forgotten (never used to label again) and the worker held until the next update."""
+        plane, url = self.plane, entry.url
+        healthy = [u for u in await plane.worker_urls() if u not in self.fenced][:1]
+        try:
+            sums = await fleet.read_checksums(plane, [url, *healthy]) if healthy else {}
+        except WorkerFailed as exc:
+            sums, entry.last_error = {}, exc.message
+        if not healthy or sums.get(url) is None or sums.get(url) != sums.get(healthy[0]):
+            why = (f"its weights checksum differs from {healthy[0]}'s" if healthy and sums.get(url) is not None
+                   else "no healthy worker's weights checksum to compare with")
+            log.error("fence: %s does not provably hold version %r (%s): %s stays fenced under the label %r "
+                      "until the next weight update", path, version, why, url, label)
+            plane.loaded_path = None
+            entry.last_error, entry.held = f"{path} does not provably hold version {version!r}: {why}", True
+            return False
+        (reply,) = await plane.fan_out("POST", "/update_weight_version", {"new_version": version},
+                                       plane.settings.admin_timeout_s, [url])
+        if not reply.ok:
+            entry.last_error = f"relabel refused: {reply.message}"
+            return False
+        plane.checkpoint_proven = True
+        return True
 
     async def verify(self, url: str, version: str) -> str | None:
         plane = self.plane
@@ -228,9 +277,35 @@ class Fence:
         if entry.removed:
             await self.put_back(entry)
         self.fenced.pop(url, None)
+        plane.fenced_urls.discard(url)
         self.events[HEALED] += 1
         plane.note_change()
         log.warning("worker %s healed: back in the fleet at version %s", url, plane.version)
+
+    # ---- one controller per fleet
+
+    async def stand_down(self, url: str, version: str) -> None:
+        """A worker reports a version this process never set nor saw, with no restart between: another
+        process updates these workers' weights. Two controllers would undo each other forever, so this one
+        stops acting: one line, the workers it kept out let back in (the other owns them now), its weight
+        updates refused (409) and its data path judging no reply by its own record."""
+        plane = self.plane
+        plane.stood_down = (
+            f"another process updates these workers' weights ({url} reports weight version {version!r}, which "
+            "this proxy never set): this proxy no longer fences, heals or updates weights. Run ONE fleet "
+            "controller and start every other proxy in front of the same workers with --fleet-controller "
+            "<the controller's URL>, then restart this one")
+        log.error("%s", plane.stood_down)
+        for entry in list(self.fenced.values()):
+            with contextlib.suppress(Exception):  # best effort: the other controller owns these workers now
+                if not plane.paused:
+                    await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
+                                        [entry.url])
+                if entry.removed:
+                    await self.put_back(entry)
+        self.fenced.clear()
+        plane.fenced_urls.clear()
+        plane.note_change()
 
     # ---- sglang-router's list
 
@@ -300,6 +375,9 @@ async def _fence(app: web.Application):
     plane = app[ADMIN]
     settings = plane.settings
     register_reply_check(app, plane.board)
+    if settings.fleet_controller:  # a follower never fences or heals (ownership.py mirrors the record)
+        yield
+        return
     fence = app[FENCE] = Fence(plane, settings.fence_interval_s)
     if REGISTER_COLLECTOR in app:
         app[REGISTER_COLLECTOR](FenceCollector(fence))

@@ -9,13 +9,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
 
-from token_proxy.errors import BackendTimeout
+from token_proxy.errors import BackendTimeout, InvalidRequest
+from token_proxy.fleet.start import start_state
 from token_proxy.fleet.versions import VersionBoard, VersionRecord
 from token_proxy.sglang.versions import SGLangFeatures
 from token_proxy.sglang.workers import WorkerReply, Workers
@@ -25,6 +26,7 @@ from token_proxy.sglang.workers import WorkerReply, Workers
 VERSION_KEYS = {"/update_weights_from_disk": "weight_version", "/update_weights_from_distributed": "weight_version",
                 "/update_weights_from_tensor": "weight_version", "/update_weight_version": "new_version"}
 INCOMING_GRACE_S = 10.0
+SGLANG_START_VERSION = "default"  # SGLang's --weight-version default: what a restarted or reset worker reports
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 30.0
@@ -62,8 +64,19 @@ class AdminPlane(Workers):
     # abandoned now leaves partial weights (routes.py holds the fleet when its wait runs out).
     push_open: bool = False
     paused: bool = False  # the last pause / continue through the proxy (SGLang cannot be asked)
-    # The checkpoint the workers hold now (what a failed fleet update rolls back to).
+    # The checkpoint the workers hold now (what a failed fleet update rolls back to), and whether this
+    # process loaded it as the fleet's version itself (proven) or read it at start (fence.py proves it by
+    # checksum before a heal labels anything with it). None: no checkpoint is known to hold the weights.
     loaded_path: str | None = None
+    checkpoint_proven: bool = False
+    # Every weight version this process set, saw at start or saw an update of its own move to: a worker on
+    # any other version (and not back from a restart) was updated by another process (fence.py's stand-down).
+    known_versions: set[str] = field(default_factory=lambda: {SGLANG_START_VERSION})
+    # Set once another process is found updating these workers' weights: this one stops acting (ownership.py).
+    stood_down: str | None = None
+    # Workers the fence keeps out (fence.py): a fleet /resume leaves them paused; the data path's 503 reads it.
+    fenced_urls: set[str] = field(default_factory=set)
+    fleet_urls: tuple[str, ...] = ()  # every worker the fence read last (in sglang-router's list or not)
     # Each worker's weight version as last read or set (fleet.py); the url -> version.
     worker_versions: dict[str, str | None] = field(default_factory=dict)
     # A failed fleet update the proxy could not undo: the fleet stays paused until it is fixed (fleet.py).
@@ -97,6 +110,7 @@ class AdminPlane(Workers):
         targets = _targets(bodies, key) if key else set()
         for version in targets:
             self.incoming[version] = math.inf
+        self.known_versions |= targets
         if targets:
             self.note_change()
         try:
@@ -109,13 +123,29 @@ class AdminPlane(Workers):
                 self.note_change()
 
     def version_record(self) -> VersionRecord:
+        if self.settings.fleet_controller:  # a follower: the controller's record, as ownership.py mirrors it
+            return self.board.record
         now = time.monotonic()
         for version in [v for v, until in self.incoming.items() if until < now]:
             del self.incoming[version]
-        return VersionRecord(self.version, self.initial_version, list(self.history), dict(self.incoming))
+        if self.stood_down is not None:  # another process owns the weights: this one judges no reply
+            return VersionRecord(None, None, [], {}, unavailable=None)
+        return VersionRecord(self.version, self.initial_version, list(self.history), dict(self.incoming),
+                             unavailable=self.unavailable())
+
+    def unavailable(self) -> str | None:
+        """Why no worker can serve a chat now (the data path answers a prompt 503), or None."""
+        if self.hold is not None:
+            return "the workers are held paused after a failed weight update (GET /weight_info says why)"
+        if self.fenced_urls and (set(self.fleet_urls) <= self.fenced_urls
+                                 or self.settings.backend_url in self.fenced_urls):
+            return ("no healthy worker: every worker the data path reaches is fenced until healed (GET "
+                    "/weight_info names them)")
+        return None
 
     def note_change(self) -> None:
-        self.board.record = self.version_record()
+        if not self.settings.fleet_controller:
+            self.board.record = self.version_record()
         self.changes += 1
         self._changed.set()
         self._changed = asyncio.Event()
@@ -133,7 +163,10 @@ class AdminPlane(Workers):
     @contextlib.asynccontextmanager
     async def transaction(self):
         """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end. A long one
-        says it is still running every PROGRESS_EVERY_S (as vLLM logs a long load)."""
+        says it is still running every PROGRESS_EVERY_S (as vLLM logs a long load). A process that stood down
+        (another one owns these workers' weights) refuses (409)."""
+        if self.stood_down is not None:
+            raise StoodDown(self.stood_down)
         async with self.update_lock:
             self.updating, self.update_started = True, time.monotonic()
             progress = asyncio.get_running_loop().create_task(self._progress(self.update_started))
@@ -149,6 +182,19 @@ class AdminPlane(Workers):
             log.info("weight update still running after %.0f s (fleet at version %s)", time.monotonic() - started,
                      self.version)
 
+    def learn_start(self, backend, workers: Mapping[str, object]) -> None:
+        """Once SGLang is known: the fleet's weights by start.py's rule over every worker's /model_info."""
+        pairs = [(url, info.model_path, info.weight_version) for url, info in workers.items()] or [
+            ("", backend.model_path, backend.weight_version)]
+        state = start_state(pairs)
+        self.base_model_path = backend.model_path
+        self.loaded_path, self.checkpoint_proven = state.checkpoint, False
+        self.initial_version = self.version = state.version
+        self.known_versions |= state.seen
+        if state.note:
+            log.warning("%s", state.note)
+        self.note_change()
+
     def mark_paused(self) -> None:
         """Every worker is paused now (through the proxy)."""
         self.paused_at = time.monotonic()
@@ -163,6 +209,7 @@ class AdminPlane(Workers):
             log.info("weights updated to version %s on %s%s (was %s)", version,
                      ", ".join(self.last_urls) or "every worker", took, self.version)
             self.version = version
+            self.known_versions.add(version)
             self.history.append((time.monotonic(), version))
             self.note_change()
         for hook in self.after_weights:
@@ -205,6 +252,13 @@ class AdminPlane(Workers):
         outcome = f"version {step.version}" if step.ok else "failed"
         return (f"; the last push ({outcome}) was already answered by an earlier /update_weights: each call "
                 "answers for one push that it waited for")
+
+class StoodDown(InvalidRequest):
+    """Another process updates these workers' weights: this one no longer does (fence.py found it)."""
+
+    status = 409
+    type = "ConflictError"
+
 
 def _targets(bodies, key: str) -> set[str]:
     """The weight versions a call's bodies set (raw bytes are a forwarded JSON body)."""

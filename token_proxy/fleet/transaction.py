@@ -333,7 +333,9 @@ async def pause_workers(plane: AdminPlane, mode: str, urls: list[str], action: s
 
 async def resume_all(plane: AdminPlane, urls: list[str], action: str = "resume") -> None:
     """/continue_generation on every worker, then the flushes owed; a worker that stays paused is an error
-    naming it (the fleet stays recorded as paused, so /resume can be sent again)."""
+    naming it (the fleet stays recorded as paused, so /resume can be sent again). A worker the fence keeps
+    out stays paused: the fence lets it in once it holds the fleet's weights."""
+    urls = [url for url in urls if url not in plane.fenced_urls]
     replies = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s, urls)
     if all(r.ok for r in replies):
         plane.paused = False

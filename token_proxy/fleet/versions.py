@@ -38,6 +38,7 @@ class VersionRecord:
     initial: str | None = None
     history: list[tuple[float, str]] = field(default_factory=list)
     incoming: dict[str, float] = field(default_factory=dict)
+    unavailable: str | None = None  # why no worker can serve now (a prompt 503), or None
 
     def accepted(self, since: float, now: float | None = None) -> frozenset[str] | None:
         """The versions a reply to a request sent at `since` may carry; None: no fleet version known."""
@@ -59,12 +60,14 @@ class VersionRecord:
     def as_dict(self) -> dict:
         """JSON (a --workers mirror's copy): an update still running is accepted until None (no end yet)."""
         return {"current": self.current, "initial": self.initial, "history": [list(h) for h in self.history],
-                "incoming": {v: None if math.isinf(until) else until for v, until in self.incoming.items()}}
+                "incoming": {v: None if math.isinf(until) else until for v, until in self.incoming.items()},
+                "unavailable": self.unavailable}
 
     @classmethod
     def of(cls, data: dict) -> VersionRecord:
         return cls(data.get("current"), data.get("initial"), [(float(t), str(v)) for t, v in data.get("history", [])],
-                   {str(k): math.inf if v is None else float(v) for k, v in (data.get("incoming") or {}).items()})
+                   {str(k): math.inf if v is None else float(v) for k, v in (data.get("incoming") or {}).items()},
+                   data.get("unavailable"))
 
 
 class FleetVersions(Protocol):
@@ -114,6 +117,9 @@ class FleetCheck:
 
     def current(self) -> str | None:
         return self.fleet.record.current
+
+    def unavailable(self) -> str | None:
+        return self.fleet.record.unavailable
 
     async def stale(self, versions: set[str], since: float) -> str | None:
         return await stale_version(self.fleet, versions, since)

@@ -30,6 +30,16 @@ class ReplyCheck(Protocol):
 
     async def stale(self, versions: set[str], since: float) -> str | None: ...  # one the fleet did not serve
 
+    def unavailable(self) -> str | None: ...  # why no worker can serve now: a prompt 503, never a wait
+
+
+def refuse_if_unavailable(check: ReplyCheck | None) -> None:
+    """Before a request is sent: with no healthy worker (every one fenced, or the fleet held after a failed
+    update) a 503 with Retry-After at once, instead of a wait on a paused worker until the client's timeout."""
+    reason = check.unavailable() if check is not None else None
+    if reason is not None:
+        raise BackendUnavailable(f"no healthy SGLang worker: {reason}")
+
 
 REPLY_CHECK: web.AppKey[ReplyCheck] = web.AppKey("reply_check", object)
 

@@ -24,7 +24,7 @@ from token_proxy.http_io import json_response, response_headers
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import OutputRules
-from token_proxy.pipeline.reply_check import REPLY_CHECK
+from token_proxy.pipeline.reply_check import REPLY_CHECK, refuse_if_unavailable
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
 from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
 from token_proxy.state import CONTEXT, ProxyContext
@@ -160,6 +160,7 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, pr
     lora = target.reloads if target.lora_path else None
     # The last line against stale weights (reply_check.py: the hook fleet/ registers); --stale-reply-tries 0 turns it off.
     fleet = request.app.get(REPLY_CHECK) if ctx.settings.stale_reply_tries else None
+    refuse_if_unavailable(fleet)
     if job.stream:
         return await generate_streamed(request, ctx, call, rules, formatter, stats, lora, fleet)
     outputs = await generate_whole(ctx, call, rules, stats, lora, fleet)

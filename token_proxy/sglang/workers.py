@@ -19,7 +19,7 @@ from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
 
-log = logging.getLogger("token_proxy.admin.workers")  # the fan-out's lines keep the admin plane's logger
+log = logging.getLogger("token_proxy.fleet.plane")  # the fan-out's lines keep the admin plane's logger
 
 DISCOVERY_TIMEOUT_S = 10.0
 SERVER_INFO_TIMEOUT_S = 30.0

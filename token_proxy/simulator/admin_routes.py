@@ -141,6 +141,8 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         return json_response({"success": False, "message": FLUSH_REFUSED, "num_paused_requests": 0}, 400)
     if ok:
         _load_weights(sim, path, body)
+        for hook in sim.on_disk_load:  # a disk load replaces every tensor (what an NCCL push changed is gone)
+            hook()
         if body.get("weight_version") is not None:
             message += f" Weight version updated to {body['weight_version']}."
     return json_response({"success": ok, "message": message, "num_paused_requests": 0}, 200 if ok else 400)
@@ -177,7 +179,7 @@ async def _drain(sim: SimState) -> None:
 
 
 def _load_weights(sim: SimState, path: str, body: dict) -> None:
-    sim.weights_path = path
+    sim.weights_path = sim.loaded_from = path
     if body.get("weight_version") is not None:
         sim.weight_version = str(body["weight_version"])
     if body.get("flush_cache", True):

@@ -13,7 +13,9 @@ MAX_TOTAL_NUM_TOKENS = 174777523
 def model_info(sim: SimState) -> dict:
     config = sim.config
     return {
-        "model_path": config.model_path,
+        # SGLang's tokenizer manager sets model_path to the last checkpoint loaded from disk (an NCCL push
+        # leaves it): update_weights_from_disk's `self.model_path = obj.model_path`.
+        "model_path": sim.loaded_from or config.model_path,
         "tokenizer_path": config.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,

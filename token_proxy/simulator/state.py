@@ -55,6 +55,8 @@ class SimState:
     received: list[dict] = field(default_factory=lambda: RecentList(MAX_RECEIVED))  # the latest /generate bodies
     running: dict[str, Sequence] = field(default_factory=dict)  # rid -> in-flight sequence
     aborted: list[str] = field(default_factory=list)  # rids aborted (abort_request, pause, disconnect)
+    loaded_from: str | None = None  # the last checkpoint loaded from disk (/model_info's model_path)
+    on_disk_load: list = field(default_factory=list)  # weight_routes.py: the tensors back to the checkpoint's
     crashed: bool = False
     paused: bool = False
     pause_mode: str | None = None

@@ -240,7 +240,8 @@ SESSION_ROUTES = (
 
 
 def add_weight_routes(app: web.Application) -> None:
-    app[WEIGHTS] = Weights()
+    weights = app[WEIGHTS] = Weights()
+    app[SIM_STATE].on_disk_load.append(lambda: setattr(weights, "values", params.initial_params()))
     since_0521 = SESSION_ROUTES if app[SIM_STATE].config.since(SESSION_SINCE) else ()
     for method, path, handler in (*ROUTES, *since_0521):
         app.router.add_route(method, path, handler)

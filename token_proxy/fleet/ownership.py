@@ -1,0 +1,157 @@
+"""One owner for the fleet's weights (issue 37): the CONTROLLER and its FOLLOWERS.
+
+Exactly one process controls a fleet's weights: it runs the transactions, the fence and the heals. That
+is every proxy started without --fleet-controller (with --workers N, its admin owner process). A proxy
+started with `--fleet-controller URL` follows that controller:
+- every fleet admin call (weights, pause / resume, sleep / wake-up, weight-update groups, versions:
+  `follows` says which) is forwarded to the controller as it came, and its answer returned as it is;
+- it never fences or heals (no watcher runs);
+- it learns the fleet's version record from the controller (GET /fleet/versions, a long poll) for its
+  own stale-reply checks and its prompt 503 when no worker is healthy.
+The controller is named, not discovered: the workers offer no place to agree on one (SGLang keeps no
+writable shared state, and a proxy may sit in front of a subset of a router's workers), and a flag is
+what the trainer's launcher already writes for every other address. Two would-be controllers are found
+by the fence (fence.py's stand_down): a worker on a version this process never set nor saw, with no
+restart between, was updated by another process; the one that finds it stops acting and logs one line
+naming this flag. They never take turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+
+import aiohttp
+from aiohttp import web
+
+from token_proxy.errors import BackendUnavailable
+from token_proxy.fleet.plane import ADMIN
+from token_proxy.fleet.versions import VersionRecord
+from token_proxy.http_io import json_response
+from token_proxy.route_row import ADMIN as ADMIN_KIND
+
+log = logging.getLogger(__name__)
+
+POLL_WAIT_S = 10.0  # the controller answers a follower's long poll at the next change, or after this
+RETRY_S = 1.0
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+
+
+def follows(route) -> bool:
+    """A follower forwards this row to its controller: every admin-key route but LoRA's (each proxy
+    keeps its own adapter registry, and loading an adapter twice is harmless)."""
+    return route.kind == ADMIN_KIND and "lora" not in route.path
+
+
+# ---- the controller's side
+
+async def fleet_versions(request: web.Request) -> web.Response:
+    """GET /fleet/versions?seen=N&wait=S: the fleet's version record once it differs from `seen` (or
+    after `wait` seconds, at most 60), with this process's monotonic clock (a follower shifts the times)."""
+    plane = request.app[ADMIN]
+    try:
+        seen, wait = int(request.query.get("seen", -1)), min(float(request.query.get("wait", 0)), 60.0)
+    except ValueError:
+        seen, wait = -1, 0.0
+    await plane.wait_for_change(seen, max(wait, 0.0))
+    return json_response({"seq": plane.changes, "now": time.monotonic(), "controller": plane.stood_down is None,
+                          "record": plane.version_record().as_dict()})
+
+
+# ---- the follower's side
+
+def shifted(record: VersionRecord, offset: float) -> VersionRecord:
+    """The controller's record on this process's monotonic clock (`offset`: ours minus its)."""
+    return VersionRecord(record.current, record.initial, [(t + offset, v) for t, v in record.history],
+                         {v: until if math.isinf(until) else until + offset for v, until in record.incoming.items()},
+                         record.unavailable)
+
+
+class ControllerMirror:
+    """A follower's copy of its controller's record, written onto its own plane's VersionBoard (so the
+    reply check, a --workers process's mirror and /weight_info read it as a controller's would be read)."""
+
+    def __init__(self, app: web.Application, controller: str):
+        self.app, self.controller = app, controller.rstrip("/")
+        self.first = asyncio.Event()
+        self.failing = False
+
+    def headers(self) -> dict:
+        key = self.app[ADMIN].settings.admin_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        seen = -1
+        while True:
+            try:
+                seen = await self.poll(session, seen)
+                self.failing = False
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 (the controller restarts: keep the last record, ask again)
+                if not self.failing:
+                    log.warning("cannot read the fleet's versions from the controller %s: %s (the last record "
+                                "known stays in force)", self.controller, exc)
+                self.failing = True
+                await asyncio.sleep(RETRY_S)
+
+    async def poll(self, session: aiohttp.ClientSession, seen: int) -> int:
+        url = f"{self.controller}/fleet/versions"
+        timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
+        async with session.get(url, params={"seen": str(seen), "wait": str(POLL_WAIT_S if seen >= 0 else 0)},
+                               headers=self.headers(), timeout=timeout) as response:
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
+            data = await response.json()
+        offset = time.monotonic() - float(data["now"])
+        plane = self.app[ADMIN]
+        plane.board.record = shifted(VersionRecord.of(data["record"]), offset)
+        plane.version = plane.board.record.current
+        plane.changes += 1
+        plane._changed.set()
+        plane._changed = asyncio.Event()
+        self.first.set()
+        return int(data["seq"])
+
+
+FOLLOWER_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("follower_session", aiohttp.ClientSession)
+
+
+async def forward_to_controller(request: web.Request) -> web.StreamResponse:
+    """A fleet admin call on a follower: sent to the controller as it came; its answer returned as it is."""
+    controller = request.app[ADMIN].settings.fleet_controller.rstrip("/")
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+    body = await request.read()
+    session = request.app[FOLLOWER_SESSION]
+    timeout = aiohttp.ClientTimeout(total=request.app[ADMIN].settings.weight_update_timeout_s + 60)
+    try:
+        async with session.request(request.method, controller + request.path_qs, data=body or None,
+                                   headers=headers, timeout=timeout) as upstream:
+            raw = await upstream.read()
+            out = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
+            return web.Response(body=raw, status=upstream.status, headers=out)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise BackendUnavailable(f"the fleet controller {controller} cannot be reached ({exc!r}): this proxy "
+                                 "follows it (--fleet-controller) and never changes the weights itself") from exc
+
+
+def add_follower(app: web.Application) -> None:
+    """A follower: the controller's record mirrored onto the plane (after the plane's state exists)."""
+    app.cleanup_ctx.append(_follower)
+
+
+async def _follower(app: web.Application):
+    plane = app[ADMIN]
+    session = app[FOLLOWER_SESSION] = aiohttp.ClientSession()
+    mirror = ControllerMirror(app, plane.settings.fleet_controller)
+    task = asyncio.get_running_loop().create_task(mirror.run(session))
+    with contextlib.suppress(asyncio.TimeoutError):  # start anyway: the first record arrives when it can
+        await asyncio.wait_for(mirror.first.wait(), 5.0)
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await session.close()
