@@ -167,6 +167,9 @@ def _check_process(settings: Settings) -> None:
         raise ValueError("--prompt-cache-size and --prompt-cache-bytes must be >= 0 (0: no prompt cache)")
     if settings.context_length is not None and settings.context_length < 1:
         raise ValueError("--context-length must be >= 1")
+    for flag, value in (("--sim-ttft-ms", settings.sim_ttft_ms), ("--sim-tpot-ms", settings.sim_tpot_ms)):
+        if not value >= 0:  # NaN too
+            raise ValueError(f"{flag} must be >= 0 milliseconds, got {value:g}")
 
 
 def _check_streams(settings: Settings) -> None:
