@@ -184,6 +184,10 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
     if isinstance(values["served_model_name"], tuple):  # vLLM: any of them is accepted, the first is answered
         values["served_model_name"], *aliases = values["served_model_name"]
         values["served_model_aliases"] = tuple(aliases)
+    if not values["api_key"] and environ.get("VLLM_API_KEY"):  # vllm serve: --api-key, else VLLM_API_KEY
+        values["api_key"] = environ["VLLM_API_KEY"]
+        log.info("inference routes require the key in VLLM_API_KEY (no --api-key or TOKEN_PROXY_API_KEY given), "
+                 "as vllm serve does")
     values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
     if values["backend_url"]:
         try:

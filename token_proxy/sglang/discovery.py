@@ -120,7 +120,7 @@ async def discover_one(client: SGLangClient, settings: Settings) -> BackendInfo:
         served_model_name=settings.served_model_name or server_info.get("served_model_name")
         or model_info.get("model_path") or "default",
         tokenizer_path=tokenizer,
-        max_model_len=settings.context_length or await _context_length(client, server_info),
+        max_model_len=await _max_model_len(client, settings, server_info),
         incremental_stream=bool(server_info.get("incremental_streaming_output")
                                 or server_info.get("stream_output")),
         weight_version=model_info.get("weight_version"),
@@ -141,6 +141,23 @@ def _positive_int(value) -> int | None:
 def _max_prompt_len(server_info: dict) -> int | None:
     limit = server_info.get("max_req_input_len")
     return limit - 1 if isinstance(limit, int) and limit > 1 else None
+
+
+async def _max_model_len(client: SGLangClient, settings: Settings, server_info: dict) -> int:
+    """SGLang's context length, or --max-model-len when it is no larger: as vLLM refuses a max_model_len over
+    the model's, a longer one is a configuration error (every long request would get SGLang's 400)."""
+    wanted = settings.context_length
+    try:
+        served = await _context_length(client, server_info)
+    except RuntimeError:
+        if wanted:
+            return wanted  # SGLang says none: the flag is all there is
+        raise
+    if wanted and wanted > served:
+        raise ConfigMismatch(f"User-specified max_model_len ({wanted}) is greater than the context length of SGLang "
+                             f"at {client.base_url} ({served}): pass --max-model-len {served} or less, or start "
+                             f"SGLang with --context-length {wanted}")
+    return wanted or served
 
 
 async def _context_length(client: SGLangClient, server_info: dict) -> int:
@@ -265,6 +282,10 @@ class TokenizerLoadError(Exception):
 
 class FleetMismatch(TokenizerLoadError):
     """The workers behind the router disagree on something no request can survive (the stream mode)."""
+
+
+class ConfigMismatch(TokenizerLoadError):
+    """SGLang contradicts a flag (--max-model-len over its context, a tokenizer that is not its own)."""
 
 
 async def connect(conn: Connection, max_delay_s: float = 5.0, clock=time.monotonic,
