@@ -94,6 +94,8 @@ FLAG_GROUPS = (
         ("--workers", "api_workers", int, ("serving processes sharing the port (SO_REUSEPORT), like vLLM's "
          "--api-server-count; raise it when the proxy's CPU nears one core (README: Several workers)")),
         ("--tokenizer", "tokenizer", str, "tokenizer directory or Hugging Face id"),
+        ("--allow-tokenizer-mismatch", "allow_tokenizer_mismatch", flag_bool, ("serve even when --tokenizer encodes "
+         "a probe text to other ids than SGLang's tokenizer (a warning instead of a start-up error)")),
         ("--served-model-name", "served_model_name", several, ("the model name(s) clients send; replies carry the "
          "first")),
         ("--context-length", "context_length", model_len, ("prompt + completion limit: at most SGLang's; vLLM's forms "
