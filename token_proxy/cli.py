@@ -184,10 +184,7 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
     if isinstance(values["served_model_name"], tuple):  # vLLM: any of them is accepted, the first is answered
         values["served_model_name"], *aliases = values["served_model_name"]
         values["served_model_aliases"] = tuple(aliases)
-    if not values["api_key"] and environ.get("VLLM_API_KEY"):  # vllm serve: --api-key, else VLLM_API_KEY
-        values["api_key"] = environ["VLLM_API_KEY"]
-        log.info("inference routes require the key in VLLM_API_KEY (no --api-key or TOKEN_PROXY_API_KEY given), "
-                 "as vllm serve does")
+    _apply_vllm_api_key(values, environ)
     values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
     if values["backend_url"]:
         try:
@@ -227,6 +224,14 @@ def _apply_inverses(args: argparse.Namespace, values: dict, environ) -> None:
         given = _bool_flag(args, "inverse_", flag, environ)
         if given is not None:
             values[field] = not given
+
+
+def _apply_vllm_api_key(values: dict, environ) -> None:
+    """vllm serve's rule: --api-key, else VLLM_API_KEY (an empty one is none)."""
+    if not values["api_key"] and environ.get("VLLM_API_KEY"):
+        values["api_key"] = environ["VLLM_API_KEY"]
+        log.info("inference routes require the key in VLLM_API_KEY (no --api-key or TOKEN_PROXY_API_KEY given), "
+                 "as vllm serve does")
 
 
 def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:

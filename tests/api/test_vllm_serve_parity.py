@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from token_proxy.cli import parse_settings
-from token_proxy.simulator import SIM_STATE
 from token_proxy.sglang.discovery import CONNECTION
+from token_proxy.simulator import SIM_STATE
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
 

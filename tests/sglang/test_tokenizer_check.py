@@ -145,10 +145,10 @@ async def test_an_sglang_that_cannot_tokenize_is_compared_by_path_with_a_warning
     assert await tokenizer_check.compare(NoTokenize(), hf_tokenizer, "/models/a", "/models/b", run) is None
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [
-        "SGLang at http://sglang:30000 does not tokenize (POST /v1/tokenize: HTTP 404): the proxy's tokenizer is "
-        "compared with SGLang's by /model_info's tokenizer_path only",
-        "the proxy's tokenizer '/models/a' is not the path SGLang loaded ('/models/b'): make sure they are the same "
-        "tokenizer"]
+        ("SGLang at http://sglang:30000 does not tokenize (POST /v1/tokenize: HTTP 404): the proxy's tokenizer is "
+         "compared with SGLang's by /model_info's tokenizer_path only"),
+        ("the proxy's tokenizer '/models/a' is not the path SGLang loaded ('/models/b'): make sure they are the same "
+         "tokenizer")]
 
 
 def _free_port() -> int:

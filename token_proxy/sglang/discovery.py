@@ -31,8 +31,8 @@ from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang import tokenizer_check
+from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
 from token_proxy.sglang.versions import KNOWN_RANGE, features_for
 from token_proxy.sglang.workers import DISCOVERY_TIMEOUT_S, _listed_urls
