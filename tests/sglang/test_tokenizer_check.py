@@ -28,6 +28,10 @@ OTHER_TEXT = ["the cat sat on the mat", "a small vocabulary from another model",
 
 @pytest.fixture(scope="module")
 def other_tokenizer_dir(tmp_path_factory) -> Path:
+    return build_other_tokenizer(tmp_path_factory.mktemp("other-tokenizer"))
+
+
+def build_other_tokenizer(directory: Path) -> Path:
     """A byte-level BPE of 300 tokens and its own eos after them (301): another model's tokenizer, built offline."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -37,7 +41,6 @@ def other_tokenizer_dir(tmp_path_factory) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(OTHER_TEXT, trainer)
     tokenizer.add_special_tokens(["<|endoftext|>"])  # after the BPE ids, as Qwen's and Llama's are
-    directory = tmp_path_factory.mktemp("other-tokenizer")
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "model_max_length": 512}))
