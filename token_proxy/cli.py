@@ -33,6 +33,7 @@ from token_proxy.cli_flags import (  # noqa: F401 (FLAG_GROUPS, _FLAGS: the flag
     _shown_default,
     env_name,
     flag_bool,
+    kubernetes_variable,
     lora_module,
     several,
     url_list,
@@ -132,8 +133,21 @@ def unknown_variable(environ) -> str | None:
     return f"unknown environment variable {unknown[0]} ({hint}; unset it to start)"
 
 
+def without_kubernetes(environ) -> dict:
+    """The environment less the variables Kubernetes injects for a Service named token-proxy (cli_flags says
+    which): they must neither stop the proxy as unknown nor set a flag (TOKEN_PROXY_PORT=tcp://...)."""
+    kept = {}
+    for name, value in environ.items():
+        if name.startswith("TOKEN_PROXY_") and kubernetes_variable(name, value):
+            if name == env_name("--port"):
+                log.info("ignoring %s=%s: Kubernetes' link to a Service named token-proxy, not a port", name, value)
+            continue
+        kept[name] = value
+    return kept
+
+
 def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -> Settings:
-    environ = os.environ if environ is None else environ
+    environ = without_kubernetes(os.environ if environ is None else environ)
     parser = build_parser(environ)
     parser.json_errors = wants_json_log(sys.argv[1:] if argv is None else argv, environ)
     unknown = unknown_variable(environ)
@@ -163,11 +177,14 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
         elif isinstance(values[field], FromEnv):
             try:
                 values[field] = kind(values[field].value)
-            except (ValueError, argparse.ArgumentTypeError) as exc:
+            except argparse.ArgumentTypeError as exc:
                 parser.error(f"{env_name(flag)}: {exc}")
+            except ValueError:  # int() / float()'s own message names no variable: argparse's words do
+                parser.error(f"{env_name(flag)}: invalid {kind.__name__} value: {values[field].value!r}")
     if isinstance(values["served_model_name"], tuple):  # vLLM: any of them is accepted, the first is answered
         values["served_model_name"], *aliases = values["served_model_name"]
         values["served_model_aliases"] = tuple(aliases)
+    _apply_vllm_api_key(values, environ)
     values["backend_url"] = values["backend_url"] or None  # TOKEN_PROXY_BACKEND="": the simulator
     if values["backend_url"]:
         try:
@@ -207,6 +224,14 @@ def _apply_inverses(args: argparse.Namespace, values: dict, environ) -> None:
         given = _bool_flag(args, "inverse_", flag, environ)
         if given is not None:
             values[field] = not given
+
+
+def _apply_vllm_api_key(values: dict, environ) -> None:
+    """vllm serve's rule: --api-key, else VLLM_API_KEY (an empty one is none)."""
+    if not values["api_key"] and environ.get("VLLM_API_KEY"):
+        values["api_key"] = environ["VLLM_API_KEY"]
+        log.info("inference routes require the key in VLLM_API_KEY (no --api-key or TOKEN_PROXY_API_KEY given), "
+                 "as vllm serve does")
 
 
 def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
@@ -345,6 +370,10 @@ def main(argv: list[str] | None = None) -> None:
         log.error("token-proxy cannot start: %s", exc)
         logging.shutdown()
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C before serving began (while the simulator starts): no traceback
+        log.info("interrupted before the proxy started serving")
+        logging.shutdown()
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

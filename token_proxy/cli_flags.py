@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 from token_proxy.checks import bool_word
 from token_proxy.settings import SGLANG_PAUSE_MODES, one_of
@@ -35,6 +36,30 @@ def listed(value: str) -> tuple[str, ...]:
             raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
         return tuple(items)
     return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def human_readable_int(value: str) -> int:
+    """vllm serve's integers (vllm/utils/argparse_utils.py): 2048, 2k (2,000), 25.6k (25,600), 2K (2,048), 1M
+    (1,048,576); a decimal with a binary suffix is refused in vLLM's words."""
+    value = value.strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", value)
+    if match:
+        number, suffix = match.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise argparse.ArgumentTypeError(f"Decimals are not allowed with binary suffixes like {suffix}. "
+                                             f"Did you mean to use {number}{suffix.lower()} instead?")
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer such as 2048, 2k, 25.6k or 2K, got {value!r}") from None
+
+
+def model_len(value: str) -> int | None:
+    """--max-model-len: a human-readable integer, or vLLM's -1 / auto (here: SGLang's context length)."""
+    return None if value.strip() in ("-1", "auto", "AUTO") else human_readable_int(value)
 
 
 def flag_bool(value: str | bool) -> bool:
@@ -69,9 +94,12 @@ FLAG_GROUPS = (
         ("--workers", "api_workers", int, ("serving processes sharing the port (SO_REUSEPORT), like vLLM's "
          "--api-server-count; raise it when the proxy's CPU nears one core (README: Several workers)")),
         ("--tokenizer", "tokenizer", str, "tokenizer directory or Hugging Face id"),
+        ("--allow-tokenizer-mismatch", "allow_tokenizer_mismatch", flag_bool, ("serve even when --tokenizer encodes "
+         "a probe text to other ids than SGLang's tokenizer (a warning instead of a start-up error)")),
         ("--served-model-name", "served_model_name", several, ("the model name(s) clients send; replies carry the "
          "first")),
-        ("--context-length", "context_length", int, "prompt + completion limit"),
+        ("--context-length", "context_length", model_len, ("prompt + completion limit: at most SGLang's; vLLM's forms "
+         "2k, 25.6k, 2K and auto are accepted")),
         ("--chat-template", "chat_template", str, ("a chat template file (or the template itself, on one line) "
          "used instead of the tokenizer's, as vllm serve's flag")),
         ("--tokenizer-threads", "tokenizer_threads", int, "threads for chat templates and tokenization"),
@@ -194,6 +222,18 @@ _INVERSES = (
 )
 # TOKEN_PROXY_* variables that are not flags but are read all the same (the test suite's golden files).
 OTHER_VARIABLES = frozenset({"TOKEN_PROXY_GOLDEN_DIR"})
+# What the kubelet injects into every pod of a namespace for a Service named token-proxy (or token-proxy-*):
+# {SVC}_SERVICE_HOST, {SVC}_SERVICE_PORT, {SVC}_SERVICE_PORT_<PORT NAME>, {SVC}_PORT=tcp://IP:PORT and
+# {SVC}_PORT_<PORT>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR] (kubernetes pkg/kubelet/envvars). Never flags, never typos.
+_KUBERNETES_NAME = re.compile(r"TOKEN_PROXY_(?:\w+_)?(?:SERVICE_HOST|SERVICE_PORT(?:_\w+)?|PORT_\d+_(?:TCP|UDP|SCTP)"
+                              r"(?:_PROTO|_PORT|_ADDR)?)")
+_KUBERNETES_LINK = re.compile(r"(?:tcp|udp|sctp)://\S+")
+
+
+def kubernetes_variable(name: str, value: str) -> bool:
+    """A TOKEN_PROXY_* variable Kubernetes made for a Service, not one the user set for the proxy: read by
+    no flag (TOKEN_PROXY_PORT=tcp://10.0.0.11:8000 is a service link, not --port)."""
+    return bool(_KUBERNETES_NAME.fullmatch(name) or (name.endswith("_PORT") and _KUBERNETES_LINK.fullmatch(value)))
 DESCRIPTION = ("An OpenAI/vLLM-compatible proxy in front of SGLang's native /generate. With no --backend, "
                "the built-in SGLang simulator runs in a child process (no GPU needed). Every flag also "
                "reads an environment variable, TOKEN_PROXY_<FLAG> (e.g. TOKEN_PROXY_BACKEND).")
@@ -211,7 +251,7 @@ UNSET_MEANS = {
     "sglang_api_key": "none",
     "tool_call_parser": "the one the chat template names", "reasoning_parser": "none",
 }
-_METAVARS = {int: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME",
+_METAVARS = {int: "N", model_len: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME",
              listed: "LIST"}
 
 

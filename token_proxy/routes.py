@@ -53,11 +53,12 @@ async def list_models(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     name = ctx.backend.served_model_name
     owner = SIMULATED_OWNER if ctx.settings.simulator else "sglang-token-proxy"
-    card = {"id": name, "object": "model", "created": ctx.started_at, "owned_by": owner,
-            "root": ctx.backend.tokenizer_path, "parent": None, "max_model_len": ctx.max_model_len,
-            "permission": []}
+    # vLLM: one card per --served-model-name, in the order given (each answers)
+    cards = [{"id": served, "object": "model", "created": ctx.started_at, "owned_by": owner,
+              "root": ctx.backend.tokenizer_path, "parent": None, "max_model_len": ctx.max_model_len,
+              "permission": []} for served in (name, *ctx.settings.served_model_aliases)]
     adapters = adapter_cards(request.app[ADAPTERS], name, ctx.max_model_len, ctx.started_at)
-    return json_response({"object": "list", "data": [card, *adapters]})
+    return json_response({"object": "list", "data": [*cards, *adapters]})
 
 
 async def fetch_weights(request: web.Request) -> web.Response:

@@ -21,6 +21,8 @@ class Settings:
     port: int = 8000
     # Path or HF id; None: ask the backend's /model_info for tokenizer_path.
     tokenizer: str | None = None
+    # Serve even when a probe text encodes to other ids on SGLang (sglang/tokenizer_check.py): not SGLang's tokenizer.
+    allow_tokenizer_mismatch: bool = False
     # Model name clients send and see; None: the backend's served_model_name.
     served_model_name: str | None = None
     # More names the model answers to (vllm serve --served-model-name A B C: B and C); replies say A.
@@ -170,6 +172,9 @@ def _check_process(settings: Settings) -> None:
         raise ValueError("--prompt-cache-size and --prompt-cache-bytes must be >= 0 (0: no prompt cache)")
     if settings.context_length is not None and settings.context_length < 1:
         raise ValueError("--context-length must be >= 1")
+    for flag, value in (("--sim-ttft-ms", settings.sim_ttft_ms), ("--sim-tpot-ms", settings.sim_tpot_ms)):
+        if not value >= 0:  # NaN too
+            raise ValueError(f"{flag} must be >= 0 milliseconds, got {value:g}")
 
 
 def _check_streams(settings: Settings) -> None:

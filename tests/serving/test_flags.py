@@ -53,7 +53,7 @@ def test_version_flag(capsys):
 @pytest.mark.parametrize(("argv", "environ", "expected"), [
     (["--port", "70000"], {}, "--port must be in 0..65535, got 70000"),
     ([], {"TOKEN_PROXY_PORT": "70000"}, "TOKEN_PROXY_PORT (--port) must be in 0..65535, got 70000"),
-    ([], {"TOKEN_PROXY_PORT": "abc"}, "TOKEN_PROXY_PORT: invalid literal for int() with base 10: 'abc'"),
+    ([], {"TOKEN_PROXY_PORT": "abc"}, "TOKEN_PROXY_PORT: invalid int value: 'abc'"),
     (["--log-format", "xml"], {}, "--log-format must be text or json, got 'xml'"),
     ([], {"TOKEN_PROXY_LOG_LEVEL": "loud"}, "TOKEN_PROXY_LOG_LEVEL (--log-level) must be debug, info, warning or error"),
     (["--tool-call-streaming", "halves"], {}, "--tool-call-streaming must be fragments or whole, got 'halves'"),

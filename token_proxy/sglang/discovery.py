@@ -31,6 +31,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
+from token_proxy.sglang import tokenizer_check
 from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
 from token_proxy.sglang.versions import KNOWN_RANGE, features_for
@@ -120,7 +121,7 @@ async def discover_one(client: SGLangClient, settings: Settings) -> BackendInfo:
         served_model_name=settings.served_model_name or server_info.get("served_model_name")
         or model_info.get("model_path") or "default",
         tokenizer_path=tokenizer,
-        max_model_len=settings.context_length or await _context_length(client, server_info),
+        max_model_len=await _max_model_len(client, settings, server_info),
         incremental_stream=bool(server_info.get("incremental_streaming_output")
                                 or server_info.get("stream_output")),
         weight_version=model_info.get("weight_version"),
@@ -141,6 +142,23 @@ def _positive_int(value) -> int | None:
 def _max_prompt_len(server_info: dict) -> int | None:
     limit = server_info.get("max_req_input_len")
     return limit - 1 if isinstance(limit, int) and limit > 1 else None
+
+
+async def _max_model_len(client: SGLangClient, settings: Settings, server_info: dict) -> int:
+    """SGLang's context length, or --max-model-len when it is no larger: as vLLM refuses a max_model_len over
+    the model's, a longer one is a configuration error (every long request would get SGLang's 400)."""
+    wanted = settings.context_length
+    try:
+        served = await _context_length(client, server_info)
+    except RuntimeError:
+        if wanted:
+            return wanted  # SGLang says none: the flag is all there is
+        raise
+    if wanted and wanted > served:
+        raise ConfigMismatch(f"User-specified max_model_len ({wanted}) is greater than the context length of SGLang "
+                             f"at {client.base_url} ({served}): pass --max-model-len {served} or less, or start "
+                             f"SGLang with --context-length {wanted}")
+    return wanted or served
 
 
 async def _context_length(client: SGLangClient, server_info: dict) -> int:
@@ -203,6 +221,7 @@ class Connection:
     outage_since: float | None = None
     connected: Connected | None = None
     _ready_hooks: list[Callable[[BackendInfo], None]] = field(default_factory=list)
+    back_hooks: list[Callable[[], None]] = field(default_factory=list)  # run at each outage_ended edge
 
     def when_ready(self, hook: Callable[[BackendInfo], None]) -> None:
         """Run `hook(agreed backend)` once SGLang is known (at once if it already is)."""
@@ -248,6 +267,8 @@ class Connection:
             log.info("SGLang at %s answers again (after %.0f s unreachable)", self.client.base_url,
                      clock() - self.outage_since)
             self.outage_since = None
+            for hook in self.back_hooks:
+                hook()
 
 
 def _hub_hint(tokenizer: str) -> str:
@@ -265,6 +286,10 @@ class TokenizerLoadError(Exception):
 
 class FleetMismatch(TokenizerLoadError):
     """The workers behind the router disagree on something no request can survive (the stream mode)."""
+
+
+class ConfigMismatch(TokenizerLoadError):
+    """SGLang contradicts a flag (--max-model-len over its context, a tokenizer that is not its own)."""
 
 
 async def connect(conn: Connection, max_delay_s: float = 5.0, clock=time.monotonic,
@@ -337,6 +362,7 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
     finally:
         conn.loading_tokenizer = None
+    await check_tokenizer(conn, picture, tokenizer)
     fast_bpe = (await asyncio.get_running_loop().run_in_executor(conn.executor, load_fast_bpe, tokenizer)
                 if conn.settings.fast_encoder else None)
     agreed = picture.agreed
@@ -347,6 +373,40 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                               fast_bpe=fast_bpe)
     conn.set_connected(Connected(picture, describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
                                  _tool_parser(conn.settings, tokenizer)))
+
+
+async def check_tokenizer(conn: Connection, picture: SGLangPicture, tokenizer) -> None:
+    """The loaded tokenizer against the first generating server's (sglang/tokenizer_check.py): a mismatch is a
+    ConfigMismatch (fatal), or a warning under --allow-tokenizer-mismatch."""
+    url = picture.worker_urls[0]
+    client = conn.client if url == conn.client.base_url else conn.client.at(url)
+    loop = asyncio.get_running_loop()
+    problem = await tokenizer_check.compare(client, tokenizer, picture.agreed.tokenizer_path,
+                                            await tokenizer_check.sglang_tokenizer_path(client),
+                                            lambda fn, *args: loop.run_in_executor(conn.executor, fn, *args))
+    if problem and conn.settings.allow_tokenizer_mismatch:
+        log.warning("%s (served all the same: --allow-tokenizer-mismatch)", problem)
+    elif problem:
+        raise ConfigMismatch(problem)
+
+
+async def recheck_tokenizer(app: web.Application) -> None:
+    """SGLang answers again after an outage (it may have restarted on another model): compare once more, and
+    stop the proxy (ON_FATAL) rather than serve another model's ids."""
+    conn = app[CONNECTION]
+    if conn.connected is None:
+        return
+    try:
+        await check_tokenizer(conn, conn.connected.picture, conn.connected.renderer.tokenizer)
+    except ConfigMismatch as exc:
+        conn.fatal = conn.last_error = f"after SGLang came back: {exc}"
+        log.error("%s", conn.fatal)
+        conn.connected = None  # every data route answers 503 with the reason until the process ends
+        on_fatal = app.get(ON_FATAL)
+        if on_fatal is not None:
+            on_fatal(conn.fatal)
+    except (ProxyError, RuntimeError, OSError, ValueError) as exc:
+        log.warning("cannot compare the tokenizer with SGLang's after the outage: %s", exc)
 
 
 def _tool_parser(settings: Settings, tokenizer) -> str | None:
@@ -372,6 +432,14 @@ async def keep_connected(app: web.Application, before_load: Callable[[], None] |
     conn = app[CONNECTION]
     try:
         await connect(conn, before_load=before_load)
+        rechecks: set[asyncio.Task] = set()
+
+        def recheck() -> None:
+            task = asyncio.get_running_loop().create_task(recheck_tokenizer(app))
+            rechecks.add(task)
+            task.add_done_callback(rechecks.discard)
+
+        conn.back_hooks.append(recheck)
     except TokenizerLoadError as exc:
         conn.fatal = conn.last_error = str(exc)
         log.error("%s", exc)

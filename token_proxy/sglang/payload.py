@@ -90,7 +90,9 @@ def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len
     max_req_input_len (a few tokens under the context): those are refused here, in vLLM's words."""
     if sampling.max_tokens is not None and sampling.max_tokens > max_model_len:
         raise max_tokens_too_large(sampling.max_tokens_param, sampling.max_tokens, max_model_len)
-    if prompt_len > (max_prompt_len or max_model_len):
+    # SGLang's own limit (max_req_input_len) stands under its context; a --max-model-len under SGLang's is the
+    # smaller one, and the prompt is refused in vLLM's words against it (never as a negative max_tokens)
+    if prompt_len > min(max_prompt_len or max_model_len, max_model_len):
         raise prompt_too_long(max_model_len, prompt_len, max_prompt_len)
     room = max_model_len - prompt_len
     if room < 1:

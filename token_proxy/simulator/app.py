@@ -16,6 +16,7 @@ from token_proxy.simulator.keep_alive import KEEP_ALIVE, IdleConnections, keep_a
 from token_proxy.simulator.lora_routes import add_lora_routes
 from token_proxy.simulator.rl_routes import add_rl_routes
 from token_proxy.simulator.state import SIM_STATE, SimState
+from token_proxy.simulator.tokenize_routes import add_tokenize_routes
 from token_proxy.simulator.vocab import load_tokenizer, load_vocab
 from token_proxy.simulator.weight_routes import add_weight_routes
 
@@ -47,6 +48,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     add_weight_routes(app)
     add_rl_routes(app)
     add_lora_routes(app)
+    add_tokenize_routes(app)
     return app
 
 
