@@ -107,7 +107,8 @@ ROUTES: tuple[Route, ...] = (
     *(Route(f"{prefix}/{name}", POST, handler, TOKENIZER, in_openapi=True)
       for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
     Route("/v1/models", GET, list_models, TOKENIZER, in_openapi=True),
-    Route("/finish_session", POST, finish_session, TOKENIZER),  # SkyRL: a trajectory's session ends
+    # SkyRL: a trajectory's session ends; with --workers N the owner drops it in every process
+    Route("/finish_session", POST, finish_session, TOKENIZER, worker=OWNER),
     Route("/fetch_weights", GET_POST, fetch_weights, ADMIN),  # a 501 that says how weights reach SGLang
     Route("/openapi.json", GET, openapi_json, OPS),
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
