@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from token_proxy import __version__
-from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
+from token_proxy.admin import art, prime_rl, removed_routes, vllm_rl, vllm_weights
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.derender import chat_completions_derender
@@ -45,13 +45,14 @@ from token_proxy.state import CONTEXT, SETTINGS
 
 # A row's dialect: None, the proxy's own (OpenAI / vLLM serving API); else whose admin API it speaks.
 SGLANG, INTERNAL = "sglang", "internal"  # and the pause dialects PRIME_RL, VLLM (sglang/pause.py)
+SKYRL, ART = "skyrl", "art"  # routes the trainers' own vLLM servers add
 # /v1/models' owned_by while the built-in simulator serves: its tokens come from no model.
 SIMULATED_OWNER = "sglang-token-proxy-simulator (not a model: start with --backend)"
 
 
 async def list_models(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
-    name = ctx.backend.served_model_name
+    name = ctx.served_model_name
     owner = SIMULATED_OWNER if ctx.settings.simulator else "sglang-token-proxy"
     # vLLM: one card per --served-model-name, in the order given (each answers)
     cards = [{"id": served, "object": "model", "created": ctx.started_at, "owned_by": owner,
@@ -108,7 +109,8 @@ ROUTES: tuple[Route, ...] = (
     *(Route(f"{prefix}/{name}", POST, handler, TOKENIZER, in_openapi=True)
       for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
     Route("/v1/models", GET, list_models, TOKENIZER, in_openapi=True),
-    Route("/finish_session", POST, finish_session, TOKENIZER),  # SkyRL: a trajectory's session ends
+    # SkyRL: a trajectory's session ends; with --workers N the owner drops it in every process
+    Route("/finish_session", POST, finish_session, TOKENIZER, worker=OWNER),
     Route("/fetch_weights", GET_POST, fetch_weights, ADMIN),  # a 501 that says how weights reach SGLang
     Route("/openapi.json", GET, openapi_json, OPS),
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
@@ -145,6 +147,9 @@ ROUTES: tuple[Route, ...] = (
     _admin("/v1/unload_lora_adapter", POST, lora.unload_v1, VLLM),
     _admin("/load_lora_adapter", POST, lora.load_in_place, SGLANG),
     _admin("/unload_lora_adapter", POST, lora.unload_sglang, SGLANG),
+    _admin("/skyrl/v1/load_lora_adapter", POST, lora.load_skyrl, SKYRL),
+    # --- ART's own route on its vLLM runtime (admin/art.py): the served base model renamed ---
+    _admin("/art/set_served_model_name", POST, art.set_served_model_name, ART),
     # --- SGLang's native admin routes, forwarded to every worker (admin/forward.py) ---
     _sglang("/update_weights_from_disk", weight_update=True),
     _sglang("/init_weights_update_group"),

@@ -39,6 +39,9 @@ class ProxyContext:
     requests: Requests = field(default_factory=Requests)
     connection: Connection = field(init=False)
     started_at: int = field(default_factory=lambda: int(time.time()))
+    # The served base model's name as a trainer renamed it (ART's /art/set_served_model_name, admin/art.py);
+    # None: SGLang's or --served-model-name's. One writer, the admin owner; --workers processes mirror it.
+    renamed: str | None = None
 
     def __post_init__(self) -> None:
         self.connection = Connection(self.client, self.settings, self.executor, busy=lambda: bool(self.requests.rids))
@@ -88,6 +91,11 @@ class ProxyContext:
     def backend(self) -> BackendInfo:
         """The facts every SGLang server behind the backend agrees on (picture.agreed)."""
         return self._connected().picture.agreed
+
+    @property
+    def served_model_name(self) -> str:
+        """The base model's name now: what /v1/models lists and `model` must say (aliases aside)."""
+        return self.renamed or self.backend.served_model_name
 
     @property
     def tokenizer_info(self) -> TokenizerInfo:

@@ -6,7 +6,7 @@ bottom of the house (it imports nothing of the project), so no reader has to liv
 - `ModelTarget` (with `Hold` and `Reloads`, what it holds): the model a request runs on (pipeline/run.py's
   step 7a resolves it; lora/ makes adapter targets);
 - `Output`, `Usage`, `ResponseMeta`: what the output rules (pipeline/output_rules.py) give the endpoints'
-  formatters.
+  formatters; `FinishedChoice`: what they note of each finished choice for the vllm: request series.
 
 Values only: no rule runs here (the rules that read them live with their readers: the proxy's own stop ids
 and vLLM's usage body in the output rules, a target's release in pipeline/run.py), so a request's path
@@ -16,7 +16,7 @@ gains no module for its vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = ["Hold", "ModelTarget", "Output", "Reloads", "ResponseMeta", "SamplingRequest", "Usage"]
 
@@ -98,6 +98,15 @@ class Output:
     meta: dict  # the event's meta_info (e.g. prompt logprobs)
     completion_tokens: int  # the choice's output tokens so far
     weight_versions: list[dict] | None = None  # on a choice's last output: vLLM's spans
+
+
+class FinishedChoice(NamedTuple):
+    """One choice SGLang finished: what vLLM's output processor records for a finished engine request
+    (vllm:request_success_total, the e2e, token and per-token histograms each count it once)."""
+
+    reason: str  # vLLM's finish reason
+    prompt_tokens: int
+    generation_tokens: int
 
 
 @dataclass(frozen=True, slots=True)

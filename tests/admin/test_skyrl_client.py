@@ -11,6 +11,7 @@ SKYRL_PATH=DIR): only skyrl/backends/__init__.py needs pydantic, so the package 
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
@@ -19,9 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from tests.support.admin_fixtures import proxy_url
+from tests.support.lora_fixtures import write_adapter
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.weight_routes import WEIGHTS
 
@@ -117,6 +120,60 @@ async def test_skyrl_control_plane_calls_replayed_verbatim(skyrl_fleet, fake_gro
     assert [[u["names"] for u in s.app[WEIGHTS].updates] for s in sims] == [[META["names"]] * 2] * 2
 
 
+async def load_on_server(session, server_url, lora_name, lora_path):
+    """RemoteInferenceClient.load_lora_adapter's _load_on_server, verbatim but for its error type (it reads
+    the text of a success; the proxy's is vLLM's JSON, checked here)."""
+    url = f"{server_url}/skyrl/v1/load_lora_adapter"
+    payload = {"lora_name": lora_name, "lora_path": lora_path}
+    async with session.post(url, json=payload) as resp:
+        return resp.status, await resp.json()
+
+
+async def chat_as(session, url, model) -> tuple[int, dict]:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with session.post(f"{url}/v1/chat/completions", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+def held_paths(sims) -> list[set[str]]:
+    """The adapter paths each worker holds."""
+    return [set(s.app[SIM_STATE].lora.loaded.values()) for s in sims]
+
+
+async def test_skyrl_lora_calls_replayed_verbatim(skyrl_fleet, tmp_path):
+    """SkyRL's own LoRA route (issue 39): load, reload in place keeping lora_int_id, a second name, its
+    unload through vLLM's /v1/unload_lora_adapter, and finish_session, as RemoteInferenceClient sends them."""
+    proxy, sims = skyrl_fleet
+    url = proxy_url(proxy)
+    step_1, step_2 = str(write_adapter(tmp_path, "step_1")), str(write_adapter(tmp_path, "step_2"))
+    async with aiohttp.ClientSession() as session:
+        assert await load_on_server(session, url, "policy", step_1) == (
+            200, {"status": "ok", "lora_name": "policy", "lora_int_id": 1})
+        assert held_paths(sims) == [{step_1}] * 2
+        status, reply = await chat_as(session, url, "policy")
+        assert (status, reply["model"]) == (200, "policy")
+        # update_lora_from_disk every step: the same name, new weights, the same id
+        assert await load_on_server(session, url, "policy", step_2) == (
+            200, {"status": "ok", "lora_name": "policy", "lora_int_id": 1})
+        await asyncio.sleep(0.1)  # the replaced adapter is unloaded once idle (not awaited by the reply)
+        assert held_paths(sims) == [{step_2}] * 2
+        assert await load_on_server(session, url, "critic", step_1) == (
+            200, {"status": "ok", "lora_name": "critic", "lora_int_id": 2})
+        status, body = await load_on_server(session, url, "policy", "")
+        assert status == 400 and body["error"]["message"] == "Both 'lora_name' and 'lora_path' must be provided."
+        assert body["error"]["param"] == "lora_path"
+        # unload_lora_adapter(): vLLM's /v1/unload_lora_adapter, plain text on success
+        async with session.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "policy"}) as resp:
+            assert (resp.status, await resp.text()) == (200, "Success: LoRA adapter 'policy' removed successfully.")
+        status, reply = await chat_as(session, url, "policy")
+        assert (status, reply["error"]["param"]) == (404, "model")
+        assert await load_on_server(session, url, "policy", step_1) == (
+            200, {"status": "ok", "lora_name": "policy", "lora_int_id": 3})  # unloaded: a new id, as vLLM
+        # finish_session(): query param, body drained; an unknown id is a no-op
+        async with session.post(f"{url}/finish_session", params={"session_id": "traj-1"}) as resp:
+            assert (resp.status, await resp.json()) == (200, {"session_id": "traj-1", "finished": False})
+
+
 def load_skyrl_client():
     """remote_inference_client.py as shipped, with the package __init__s (pydantic, torch) skipped."""
     root = os.environ.get("SKYRL_PATH")
@@ -154,7 +211,7 @@ class InitInfo:
                 "rank_offset": self.rank_offset, "world_size": self.world_size}
 
 
-async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group):
+async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group, tmp_path, caplog):
     module = load_skyrl_client()
     proxy, sims = skyrl_fleet
     url = proxy_url(proxy)
@@ -185,6 +242,16 @@ async def test_skyrl_remote_inference_client_unmodified(skyrl_fleet, fake_group)
         with pytest.raises(aiohttp.ClientResponseError) as refused:
             await client.update_weights_nccl({**META, "packed": True})
         assert refused.value.status == 501 and "packed buffers" in refused.value.message
+        path = str(write_adapter(tmp_path, "step_1"))
+        loaded = await client.load_lora_adapter("policy", path)
+        assert orjson.loads(loaded[url]["body"]) == {"status": "ok", "lora_name": "policy", "lora_int_id": 1}
+        assert held_paths(sims) == [{path}] * 2
+        reloaded = await client.load_lora_adapter("policy", str(write_adapter(tmp_path, "step_2")))
+        assert orjson.loads(reloaded[url]["body"])["lora_int_id"] == 1
+        assert (await client.unload_lora_adapter("policy"))[url] == {
+            "status": 200, "body": "Success: LoRA adapter 'policy' removed successfully."}
+        await client.finish_session("traj-1")  # best effort: it logs a warning on a status >= 400
+        assert [r.message for r in caplog.records if "finish_session" in r.message] == []
     finally:
         if client._session is not None:
             await client._session.close()

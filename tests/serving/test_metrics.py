@@ -317,3 +317,24 @@ async def test_weight_version_is_read_again_when_sglang_comes_back(make_sim, mak
 
 async def _scrape_down(proxy) -> bool:
     return val(await scrape(proxy), "token_proxy_backend_metrics_up") == 0
+
+
+async def test_the_proxys_histograms_are_at_zero_from_start_up(proxy):
+    """issue 39: the token_proxy_* histograms appeared only at their first observation, so rate() missed the first
+    weight update. Labelless ones and those of the table's inference and weight routes exist at 0 from start-up;
+    a probe's or a 404's appear on first use (tests/serving/test_metrics_series.py)."""
+    samples = await scrape(proxy)
+
+    def count(name: str, **labels) -> float:
+        return samples[(name + "_count", frozenset(labels.items()))]
+
+    for endpoint in ("/update_weights", "/update_weights_from_disk", "/reload_weights"):
+        assert count("token_proxy_weight_update_duration_seconds", endpoint=endpoint) == 0.0, endpoint
+    for endpoint in (CHAT, "/v1/completions", "/inference/v1/generate"):
+        for stream in ("false", "true"):
+            assert count("token_proxy_request_duration_seconds", endpoint=endpoint, stream=stream) == 0.0
+            assert count("token_proxy_time_to_first_token_seconds", endpoint=endpoint, stream=stream) == 0.0
+        assert count("token_proxy_time_per_output_token_seconds", endpoint=endpoint, stream="true") == 0.0
+    assert count("token_proxy_render_duration_seconds") == 0.0
+    assert ("token_proxy_time_to_first_token_seconds_count",
+            frozenset({"endpoint": "/health", "stream": "false"}.items())) not in samples

@@ -69,11 +69,12 @@ async def test_vllm_latency_series_have_vllms_names_buckets_and_labels(make_sim,
     # both: the whole reply's from SGLang's meta_info timestamps (issue 31)
     assert count(fams["vllm:time_to_first_token_seconds"], **LABELS) == 2.0
     assert count(fams["vllm:request_time_per_output_token_seconds"], **LABELS) == 2.0
-    # one gap per SGLang event batch after the first (6 tokens, 20 ms apart: 5 gaps, in [0.01, 0.05])
+    # one per output token after the first, as vLLM (issue 39): the stream's 5 gaps between its event batches
+    # (6 tokens 20 ms apart) and the whole reply's 3, from SGLang's decode time; all in [0.01, 0.05]
     itl = fams["vllm:inter_token_latency_seconds"]
-    assert count(itl, **LABELS) == 5.0
+    assert count(itl, **LABELS) == 8.0
     le = {s.labels["le"]: s.value for s in itl.samples if s.name.endswith("_bucket")}
-    assert (le["0.01"], le["0.05"]) == (0.0, 5.0)
+    assert (le["0.01"], le["0.05"]) == (0.0, 8.0)
     assert "vllm:time_per_output_token_seconds" not in fams  # vLLM 0.33 no longer has it
 
 

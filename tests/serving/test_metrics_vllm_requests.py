@@ -1,15 +1,23 @@
 """vLLM's request-level series as vLLM 0.33 has them (issue 31): every histogram at 0 from start-up,
 first-token and per-token times for non-streamed requests too (SGLang's meta_info timestamps), and
-vllm:request_prompt_tokens / vllm:request_generation_tokens for every request."""
+vllm:request_prompt_tokens / vllm:request_generation_tokens for every request. Issue 39: the counts agree
+as vLLM's do (one per finished choice, vLLM's engine request; a client's abort is not counted), and
+inter-token latency is observed per output token, for whole replies too (vLLM 0.33:
+vllm/v1/metrics/stats.py IterationStats.update_from_output / update_from_finished_request,
+vllm/v1/engine/output_processor.py: abort_requests records no stats)."""
 
 from __future__ import annotations
+
+import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from token_proxy.ops import METRICS, ProxyMetrics
 from token_proxy.ops.histograms import one_two_five_buckets
+from token_proxy.ops.metrics import stream_token_gaps
 from token_proxy.pipeline import RequestStats
 from token_proxy.state import CONTEXT
+from token_proxy.vocabulary import FinishedChoice
 
 MODEL = "sim/qwen2-tiny"
 LABELS = frozenset({"model_name": MODEL, "engine": "0"}.items())
@@ -65,9 +73,12 @@ async def test_a_whole_reply_counts_in_ttft_and_tpot_from_sglangs_timestamps(mak
     samples = await scrape(proxy)
     assert samples[("vllm:time_to_first_token_seconds_count", LABELS)] == 1.0
     assert samples[("vllm:request_time_per_output_token_seconds_count", LABELS)] == 1.0
-    assert samples[("vllm:inter_token_latency_seconds_count", LABELS)] == 0.0  # streams only
     tpot = samples[("vllm:request_time_per_output_token_seconds_sum", LABELS)]
     assert 0.015 <= tpot <= 0.2, tpot  # 5 decode steps 20 ms apart, by SGLang's clock
+    # one per token after the first, as vLLM observes them for whole replies too (issue 39: streams only)
+    assert samples[("vllm:inter_token_latency_seconds_count", LABELS)] == 5.0
+    itl = samples[("vllm:inter_token_latency_seconds_sum", LABELS)]
+    assert abs(itl - 5 * tpot) < 1e-9, (itl, tpot)
     ttft = samples[("vllm:time_to_first_token_seconds_sum", LABELS)]
     e2e = samples[("vllm:e2e_request_latency_seconds_sum", LABELS)]
     assert 0.0 < ttft < e2e
@@ -88,12 +99,13 @@ def test_a_whole_reply_without_timestamps_is_left_out_of_ttft_and_tpot():
     metrics = ProxyMetrics()
     metrics.start_vllm_series(MODEL, 4096)
     stats = RequestStats(endpoint="/v1/chat/completions", prompt_tokens=9, completion_tokens=4,
-                         finish_reasons=["length"], started_at=10.0, sent_at=10.001, first_token_at=10.5,
-                         finished_at=10.5)
+                         finished=[FinishedChoice("length", 9, 4)], started_choices=1, started_at=10.0,
+                         sent_at=10.001, first_token_at=10.5, finished_at=10.5)
     metrics.observe("/v1/chat/completions", 200, stats, 0.5)
     stats = RequestStats(endpoint="/v1/chat/completions", prompt_tokens=9, completion_tokens=4,
-                         finish_reasons=["stop"], started_at=20.0, sent_at=20.002, first_token_at=20.5,
-                         finished_at=20.5, backend_first_token_s=0.1, backend_decode_s=0.3)
+                         finished=[FinishedChoice("stop", 9, 4)], started_choices=1, started_at=20.0,
+                         sent_at=20.002, first_token_at=20.5, finished_at=20.5, backend_first_token_s=0.1,
+                         backend_decode_s=0.3)
     metrics.observe("/v1/chat/completions", 200, stats, 0.5)
     labels = {"model_name": MODEL, "engine": "0"}
     value = metrics.registry.get_sample_value
@@ -116,3 +128,51 @@ def test_one_two_five_buckets_as_vllm_builds_them():
 
 async def test_the_token_histograms_are_the_workers_own_under_workers(proxy):
     assert {"vllm:request_prompt_tokens", "vllm:request_generation_tokens"} <= proxy.app[METRICS].per_request_vllm
+
+
+def count_of(samples: dict, name: str) -> float:
+    return samples[(name + "_count", LABELS)]
+
+
+async def test_the_request_counts_agree_as_vllms_one_per_finished_choice(make_sim, make_proxy):
+    """issue 39: latency 19,408, token histograms 20,517 (aborts included), success 23,425 (per choice). vLLM counts
+    each finished engine request (one per choice) once in each; a request its client aborted in none."""
+    proxy = await make_proxy(await make_sim(tpot_s=0.01))
+    whole = await proxy.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 3, "ignore_eos": True,
+                                                           "n": 3, "temperature": 1.0})
+    assert whole.status == 200
+    prompt = (await whole.json())["usage"]["prompt_tokens"]
+    stream = await proxy.post("/v1/completions", json={"prompt": ["a b", "c d e"], "max_tokens": 4, "ignore_eos": True,
+                                                       "stream": True})
+    assert stream.status == 200
+    await stream.read()
+    gone = await proxy.post("/v1/chat/completions", json={"messages": USER, "max_tokens": 500, "ignore_eos": True,
+                                                          "stream": True})
+    await gone.content.readany()
+    gone.close()
+    for _ in range(100):  # the middleware observes the left request once its handler ends
+        samples = await scrape(proxy)
+        if samples[("token_proxy_client_disconnects_total", frozenset({"endpoint": "/v1/chat/completions"}.items()))]:
+            break
+        await asyncio.sleep(0.05)
+    success = sum(v for (name, labels), v in samples.items() if name == "vllm:request_success_total"
+                  and LABELS <= labels)
+    assert success == 5.0  # 3 choices + 2 prompts; the left stream finished no choice
+    for name in ("vllm:e2e_request_latency_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                 "vllm:request_time_per_output_token_seconds"):
+        assert count_of(samples, name) == success, name
+    assert samples[("vllm:request_generation_tokens_sum", LABELS)] == 3 * 3 + 2 * 4
+    lengths = [(await (await proxy.post("/tokenize", json={"prompt": p})).json())["count"] for p in ("a b", "c d e")]
+    assert lengths[0] != lengths[1]
+    # each choice's own prompt: the chat's three choices one prompt each, the two completions prompts their own
+    assert samples[("vllm:request_prompt_tokens_sum", LABELS)] == 3 * prompt + sum(lengths)
+    # the first token: once per choice that produced one, the left stream's included (vLLM counts it at prefill)
+    assert count_of(samples, "vllm:time_to_first_token_seconds") == 6.0
+
+
+def test_stream_token_gaps_are_one_per_token_after_each_choices_first():
+    # one choice: a batch of 1 token is one gap; a batch of 3 tokens after 30 ms is 3 steps of 10 ms
+    assert stream_token_gaps([0.02, 0.03], [1, 2, 5], 1) == [0.02, 0.01, 0.01, 0.01]
+    # two choices each one token per batch: one step, two observations of the whole gap
+    assert stream_token_gaps([0.02], [2, 4], 2) == [0.02, 0.02]
+    assert stream_token_gaps([0.02], [2, 2], 2) == []  # a batch with no tokens (a finish event)

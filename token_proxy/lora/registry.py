@@ -25,6 +25,8 @@ class Adapter:
     internal: str  # SGLang's lora_name, sent as lora_path on /generate
     version: int  # 1 for the first load of this name, +1 per reload
     loaded_at: float = field(default_factory=time.time)
+    # vLLM's lora_int_id: one per name while it is served, kept by a reload in place (SkyRL's reply carries it)
+    int_id: int = 0
 
 
 def internal_name(name: str, version: int) -> str:
@@ -69,11 +71,20 @@ class AdapterRegistry:
     # name -> loads so far; one int per name ever loaded, kept after an unload on purpose: a name loaded
     # again must not reuse an internal name (name@vN) that a worker may still hold.
     _versions: Counter = field(default_factory=Counter)
+    _int_ids: int = 0  # the last lora_int_id given (vLLM's lora_id_counter: every new name takes the next)
 
     def next_version(self, name: str) -> tuple[int, str]:
         self._versions[name] += 1
         version = self._versions[name]
         return version, internal_name(name, version)
+
+    def int_id(self, name: str) -> int:
+        """vLLM's lora_int_id for a load of `name`: the served adapter's own on a reload, else the next one."""
+        current = self._current.get(name)
+        if current is not None and current.int_id:
+            return current.int_id
+        self._int_ids += 1
+        return self._int_ids
 
     def get(self, name: str) -> Adapter | None:
         return self._current.get(name)

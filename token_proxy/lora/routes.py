@@ -2,7 +2,9 @@
 
 vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (plain-text success, vLLM's errors), and
 /load_lora_adapter + /unload_lora_adapter, which prime-rl (its wrapper forces load_inplace) and SGLang
-clients call: replies carry prime-rl's {"status": "ok"} and SGLang's success / loaded_adapters.
+clients call: replies carry prime-rl's {"status": "ok"} and SGLang's success / loaded_adapters; and SkyRL's
+/skyrl/v1/load_lora_adapter (its vLLM server's own route: a load or reload in place that keeps the name's
+lora_int_id).
 """
 
 from __future__ import annotations
@@ -49,6 +51,15 @@ async def load_in_place(request: web.Request) -> web.Response:
     await visible_everywhere(request.app)
     return json_response({"status": "ok", "success": True, "error_message": None,
                           "loaded_adapters": loaded(request.app[ADAPTERS])})
+
+
+async def load_skyrl(request: web.Request) -> web.Response:
+    """SkyRL 0.3.0's POST /skyrl/v1/load_lora_adapter (RemoteInferenceClient.load_lora_adapter, posted to every
+    server; vllm_server_actor.py serves it): load, or reload in place keeping the name's lora_int_id."""
+    name, path, _ = await _load_request(request)
+    adapter = await request.app[LORA].load(name, path, inplace=True)
+    await visible_everywhere(request.app)
+    return json_response({"status": "ok", "lora_name": adapter.name, "lora_int_id": adapter.int_id})
 
 
 async def unload_v1(request: web.Request) -> web.Response:
@@ -107,7 +118,7 @@ async def _lora_admin(app: web.Application):
     modules = ctx.settings.lora_modules
 
     def learn(backend) -> None:  # the base name is no adapter name; --lora-modules load once SGLang is up
-        registry.base_names = {backend.served_model_name}
+        registry.base_names = {ctx.renamed or backend.served_model_name}
         if modules:
             ctx.spawn(admin.load_modules(modules))
 

@@ -79,7 +79,8 @@ class LoraAdmin:
             await self._check_limits(name, path, urls)
             version, internal = self.registry.next_version(name)
             await self._load_everywhere(internal, path, urls)
-            adapter = Adapter(name=name, path=path, internal=internal, version=version)
+            adapter = Adapter(name=name, path=path, internal=internal, version=version,
+                              int_id=self.registry.int_id(name))
             old = self.registry.switch(adapter)
         log.info("LoRA %s v%d served from %s (%s)", name, version, path, internal)
         if old is not None and not self.registry.in_use(old):

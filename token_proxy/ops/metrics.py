@@ -132,7 +132,8 @@ class ProxyMetrics:
                                    "prefill_finished_time, left out when SGLang sends no such timestamps).", vllm,
                                    buckets=VLLM_TTFT_BUCKETS)
         self.vllm_itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
-                                  "seconds (streams only: the gaps between SGLang's event batches).", vllm,
+                                  "seconds (one per output token after a choice's first: streams from the gaps "
+                                  "between SGLang's event batches, whole replies from SGLang's decode time).", vllm,
                                   buckets=VLLM_ITL_BUCKETS)
         self.vllm_tpot = histogram("vllm:request_time_per_output_token_seconds", "Histogram of "
                                    "time_per_output_token_seconds per request (whole replies: from SGLang's "
@@ -185,12 +186,16 @@ class ProxyMetrics:
         self.start_at_zero(inference, self.weight_update_routes)
 
     def start_at_zero(self, endpoints, weight_routes) -> None:
-        """Create every known label combination of the counters at 0, so the first event is an
-        increase from 0 (a series born at 1 hides it from rate() and increase())."""
+        """Create every known label combination of the counters and histograms (the inference and weight
+        routes of the table) at 0, so the first event is an increase from 0 (a series born at 1 hides it from
+        rate() and increase()). Other routes' histograms (a probe's, a 404's) appear on first use."""
         for endpoint in endpoints:
             for stream in ("false", "true"):
                 for status in INFERENCE_STATUSES:
                     self.requests.labels(endpoint, status, stream)
+                self.latency.labels(endpoint, stream)  # the histograms too: rate() sees their first observation
+                self.ttft.labels(endpoint, stream)
+            self.tpot.labels(endpoint, "true")  # streams only
             for counter in (self.prompt_tokens, self.completion_tokens, self.cached_tokens, self.overloaded,
                             self.disconnects, self.unhonoured_seeds, self.stale_replies):
                 counter.labels(endpoint)
@@ -201,6 +206,7 @@ class ProxyMetrics:
         for endpoint in weight_routes:
             for result in ("success", "failure"):
                 self.weight_updates.labels(endpoint, result)
+            self.weight_update_latency.labels(endpoint)  # the first weight update is an increase from 0
 
     def start_routes_at_zero(self, endpoints, admin_endpoints=()) -> None:
         """Every other served route (admin, tokenizer, ops) at 0 for its 200; an admin route also for
@@ -230,42 +236,50 @@ class ProxyMetrics:
                           self.vllm_generation_tokens):
             histogram.labels(model_name, VLLM_ENGINE)
 
-    def _observe_vllm(self, status: int, stats: RequestStats) -> None:
-        """vLLM's request-level series, from timings the pipeline already took: one observation per
-        finished request, plus one per stream event batch for the inter-token latency."""
+    def _observe_vllm(self, stats: RequestStats) -> None:
+        """vLLM 0.33's request-level series as its output processor records them, per engine request: here per
+        choice (vLLM runs each of n samples as its own request). Every choice SGLang finished counts once in
+        request_success (by reason; SGLang's aborts as "abort"), the e2e latency, the prompt and generation
+        token histograms and the time per output token, so their counts agree; the choices of a request its
+        client left count only if they had finished (vLLM records no stats for a client's abort). The first
+        token: once per choice that produced output. Inter-token latency: one observation per output token
+        after a choice's first (vLLM: one per engine step), for whole replies too (from SGLang's decode time).
+        A whole reply without SGLang's meta_info timestamps is left out of the three time-per-token series."""
         vllm = self._vllm_series()
-        if vllm.prompt_tokens is not None:  # every request, as vLLM's finished ones (aborts included)
-            vllm.prompt_tokens(stats.prompt_tokens)
-            vllm.generation_tokens(stats.completion_tokens)
-        for reason in stats.finish_reasons:
-            vllm.success(reason).inc()
-        if stats.client_disconnected or status == CLIENT_CLOSED:
-            if not stats.finish_reasons:
-                vllm.success("abort").inc()
-            return
-        if status != 200 or not stats.finish_reasons or stats.finished_at is None:
-            return
-        vllm.e2e(stats.finished_at - stats.started_at)
-        if not stats.stream:
-            self._observe_whole_reply(stats, vllm)
-            return
-        if stats.first_token_at is None:
-            return
-        vllm.ttft(stats.first_token_at - stats.started_at)
-        observe_many(vllm.itl, stats.event_gaps)
-        decode_tokens = stats.completion_tokens - 1
-        per_token = (stats.last_event_at - stats.first_token_at) / decode_tokens if decode_tokens > 0 else 0.0
-        vllm.tpot(per_token)
+        e2e = stats.finished_at - stats.started_at
+        decode_s = stats.backend_decode_s
+        if stats.stream:
+            last = stats.last_event_at if stats.last_event_at is not None else stats.finished_at
+            decode_s = last - stats.first_token_at if stats.first_token_at is not None else None
+        for choice in stats.finished:
+            vllm.success(choice.reason).inc()
+            vllm.e2e(e2e)
+            if vllm.prompt_tokens is not None:
+                vllm.prompt_tokens(choice.prompt_tokens)
+                vllm.generation_tokens(choice.generation_tokens)
+            if decode_s is not None:
+                decode_tokens = choice.generation_tokens - 1
+                vllm.tpot(decode_s / decode_tokens if decode_tokens > 0 else 0.0)
+                if not stats.stream and decode_tokens > 0:
+                    observe_many(vllm.itl, [decode_s / decode_tokens] * decode_tokens)
+        ttft = self._first_token_s(stats)
+        if ttft is not None:
+            for _ in range(stats.started_choices):
+                vllm.ttft(ttft)
+        if stats.stream and stats.event_gaps:
+            observe_many(vllm.itl, stream_token_gaps(stats.event_gaps, stats.event_tokens, stats.started_choices))
 
-    def _observe_whole_reply(self, stats: RequestStats, vllm: VllmSeries) -> None:
-        """A non-streamed reply's first-token and per-token times, from SGLang's meta_info timestamps
-        (RequestStats.backend_first_token_s / backend_decode_s); without them it is left out."""
+    @staticmethod
+    def _first_token_s(stats: RequestStats) -> float | None:
+        """Streams: until the first chunk went out; whole replies: the proxy's time until the call plus
+        SGLang's request_received_ts to prefill_finished_time (None without them)."""
+        if stats.first_token_at is None:
+            return None
+        if stats.stream:
+            return stats.first_token_at - stats.started_at
         if stats.backend_first_token_s is not None and stats.sent_at is not None:
-            vllm.ttft(stats.sent_at - stats.started_at + stats.backend_first_token_s)
-        if stats.backend_decode_s is not None:
-            decode_tokens = stats.completion_tokens - 1
-            per_token = stats.backend_decode_s / decode_tokens if decode_tokens > 0 else 0.0
-            vllm.tpot(per_token)
+            return stats.sent_at - stats.started_at + stats.backend_first_token_s
+        return None
 
     def _vllm_series(self) -> VllmSeries:
         """The served model's vLLM children (made again if the model or its token histograms appear later)."""
@@ -306,8 +320,8 @@ class ProxyMetrics:
             if stats.stream and stats.completion_tokens > 1 and stats.finished_at is not None:
                 per_token = (stats.finished_at - stats.first_token_at) / (stats.completion_tokens - 1)
                 route.tpot(per_token)
-        if stats.finish_reasons or stats.first_token_at is not None:  # an inference request
-            self._observe_vllm(status, stats)
+        if stats.finished or stats.first_token_at is not None:  # an inference request
+            self._observe_vllm(stats)
         if stats.prompt_tokens:
             route.prompt_tokens.inc(stats.prompt_tokens)
         if stats.completion_tokens:
@@ -385,6 +399,20 @@ def observe_many(histogram, amounts: list[float]) -> None:
         counts[index] = counts.get(index, 0) + 1
     for index, n in counts.items():
         buckets[index].inc(n)
+
+
+def stream_token_gaps(gaps: list[float], tokens: list[int], choices: int) -> list[float]:
+    """A stream's inter-token latencies as vLLM defines them (one per output token after a choice's first):
+    a batch of events that brought k tokens over `choices` choices after a gap g stands for k tokens of
+    max(1, k / choices) engine steps, each g / steps. `tokens`: the output tokens so far after each batch,
+    the first batch's included (one more entry than `gaps`)."""
+    amounts: list[float] = []
+    choices = max(1, choices)
+    for gap, before, after in zip(gaps, tokens, tokens[1:]):
+        new = after - before
+        if new > 0:
+            amounts += [gap / max(1.0, new / choices)] * new
+    return amounts
 
 
 def _as_number(version: str) -> float:

@@ -48,7 +48,7 @@ async def openapi_json(request: web.Request) -> web.Response:
 def _limits(request: web.Request) -> Limits:
     ctx = request.app[CONTEXT]
     try:
-        return Limits(ctx.backend.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len)
+        return Limits(ctx.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len)
     except BackendUnavailable:  # not connected yet: the same description without the engine's limits
         return Limits()
 

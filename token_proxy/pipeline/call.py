@@ -65,6 +65,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
         response = await open_sse(request)
         await response.write(frames.start(first))
         stats.mark_first_token()
+        stats.event_tokens.append(rules.completion_tokens)
         try:
             await _relay(request, response, ctx, stream, call.rids, rules, frames, stats)
         except ProxyError as exc:
@@ -119,6 +120,7 @@ async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyC
     def sink(events: list[dict]) -> bool:
         stats.mark_event()
         data = frames.frames(events)
+        stats.event_tokens.append(rules.completion_tokens)
         if data:
             out.write(data)
         if rules.done:
@@ -137,4 +139,5 @@ def record(stats: RequestStats, rules: OutputRules) -> None:
     stats.completion_tokens = rules.completion_tokens
     stats.cached_tokens = rules.cached_tokens
     stats.weight_version = rules.weight_version
-    stats.finish_reasons = rules.finish_reasons
+    stats.finished = rules.finished
+    stats.started_choices = rules.started_choices

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from token_proxy.vocabulary import Output, SamplingRequest, Usage
+from token_proxy.vocabulary import FinishedChoice, Output, SamplingRequest, Usage
 
 REPLACEMENT = "\ufffd"
 _NO_FINISH = {"type": "stop", "matched": None}  # a non-streaming reply without finish_reason
@@ -145,7 +145,7 @@ class OutputRules:
         self.weight_version: str | None = None  # as SGLang reports it in meta_info
         self.cut_short = False  # True once the proxy ended a choice SGLang is still generating
         self._versions = VersionSpans()  # a choice that spans a weight update reports each version
-        self.finish_reasons: list[str] = []  # vLLM's, one per finished choice (vllm:request_success_total)
+        self.finished: list[FinishedChoice] = []  # one per finished choice (the vllm: request series)
 
     @property
     def plain(self) -> bool:
@@ -156,6 +156,10 @@ class OutputRules:
     @property
     def done(self) -> bool:
         return all(c.finished for c in self._choices)
+
+    @property
+    def started_choices(self) -> int:
+        return sum(c.started for c in self._choices)
 
     @property
     def completion_tokens(self) -> int:
@@ -194,7 +198,9 @@ class OutputRules:
             return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
         state.finished = True
         finish_reason, stop_reason = map_finish(finish, self._eos)
-        self.finish_reasons.append(finish_reason)
+        prompt = meta.get("prompt_tokens")  # the choice's own prompt (several prompts: each its own)
+        self.finished.append(FinishedChoice(finish_reason, prompt if isinstance(prompt, int) else self.prompt_tokens,
+                                            state.ids_seen))
         return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
                       self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from token_proxy.ids import MAX_ID_CHARS
+from token_proxy.vocabulary import FinishedChoice
 
 
 def new_request_id(prefix: str, client_id: str | None) -> str:
@@ -43,11 +44,14 @@ class RequestStats:
     sent_at: float | None = None  # perf_counter() when the /generate call to SGLang was sent
     first_token_at: float | None = None  # perf_counter() when the first output reached the client
     finished_at: float | None = None
-    # A stream's gaps between SGLang's event batches after the first (vllm:inter_token_latency_seconds:
-    # vLLM observes one gap per engine step), and the time of the last batch.
+    # A stream's gaps between SGLang's event batches after the first, the output tokens so far after each
+    # batch (the first included: one more entry than gaps), and the time of the last batch
+    # (vllm:inter_token_latency_seconds: vLLM observes one gap per engine step, one token per choice).
     event_gaps: list[float] = field(default_factory=list)
+    event_tokens: list[int] = field(default_factory=list)
     last_event_at: float | None = None
-    finish_reasons: list[str] = field(default_factory=list)  # vLLM's, one per finished choice
+    finished: list[FinishedChoice] = field(default_factory=list)  # one per choice SGLang finished
+    started_choices: int = 0  # choices that produced output (vLLM's first-token count)
     client_disconnected: bool = False
     overloaded: bool = False  # refused by admission (503 + Retry-After, the proxy's own capacity)
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.

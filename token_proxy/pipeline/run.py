@@ -56,7 +56,7 @@ def unknown_model(requested: str) -> NotFound:
 async def resolve_target(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
     """The request's `model` -> its target. Absent means the served model, as do its aliases; any other
     name is the registered resolver's (MODEL_RESOLVER), or vLLM's 404 "The model `x` does not exist."."""
-    served = ctx.backend.served_model_name
+    served = ctx.served_model_name
     if requested is None or requested == served or requested in ctx.settings.served_model_aliases:
         return ModelTarget(served)
     resolver = app.get(MODEL_RESOLVER)

@@ -18,6 +18,9 @@ With N > 1 the `token-proxy` process is a supervisor (supervisor.py) and serves 
 - workers follow the owner's LoRA map (public name -> SGLang's internal name) and report the
   adapter versions their requests hold, so the owner unloads a replaced adapter only when no
   worker still uses it (adapter_sync.py);
+- workers follow the owner's news the same way: the served model's name (ART's rename) and the sessions
+  finished (SkyRL's /finish_session, an owner row: every worker drops the session before it answers)
+  (owner_news.py);
 - metrics: workers count in prometheus-client's multiprocess mode (one directory, one file per
   process and kind); every worker's /metrics is the merged view plus one block the owner renders
   (the `vllm:` view, weight version, LoRA adapters, process_* summed over the processes) (metrics_block.py);

@@ -3,6 +3,8 @@
 - POST /_internal/adapters: a worker's LoRA long-poll (adapter_sync.py);
 - POST /_internal/lora_sync: a worker's request found SGLang without an adapter; re-load what is missing;
 - GET /_internal/metrics: the one-producer block every worker appends to its /metrics (metrics_block.py);
+- POST /_internal/news {"process", "seen", "dropped", "wait"}: a worker's long-poll for the served name and
+  the finished sessions (owner_news.py);
 - POST /_internal/fleet_versions {"seen", "wait"}: the fleet's weight-version record once it differs from
   `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check.
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from token_proxy.admin.art import NAME_PUBLISHED
+from token_proxy.api.chat.sessions import FINISH_EVERYWHERE
 from token_proxy.fleet.plane import ADMIN as ADMIN_PLANE
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
@@ -19,8 +23,11 @@ from token_proxy.lora.workers import LORA
 from token_proxy.route_row import ADMIN, OWNER, Route
 from token_proxy.routes import INTERNAL, add_rows
 from token_proxy.serving.metrics_block import render_owner_block
+from token_proxy.serving.owner_news import OwnerNews
+from token_proxy.state import CONTEXT
 
 PUBLISHER = web.AppKey("adapter_publisher", AdapterPublisher)
+NEWS = web.AppKey("owner_news", OwnerNews)
 
 
 async def adapters_poll(request: web.Request) -> web.Response:
@@ -30,6 +37,15 @@ async def adapters_poll(request: web.Request) -> web.Response:
     publisher.report(worker, int(body["seq"]), int(body["seen"]), [str(i) for i in body.get("held", [])])
     await publisher.wait_for_change(int(body["seen"]), float(body.get("wait", 20.0)))
     return json_response(publisher.offer(worker))
+
+
+async def news_poll(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    news = request.app[NEWS]
+    seen = int(body["seen"])
+    news.report(int(body["process"]), seen, [str(key) for key in body.get("dropped", [])])
+    await news.wait_for_change(seen, float(body.get("wait", 20.0)))
+    return json_response(news.offer(seen))
 
 
 async def lora_sync(request: web.Request) -> web.Response:
@@ -50,6 +66,7 @@ async def owner_metrics(request: web.Request) -> web.Response:
 # Rows of the route table that only the owner's app has (a worker refuses /_internal/ for clients).
 CONTROL_ROUTES = (
     Route("/_internal/adapters", ("POST",), adapters_poll, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/news", ("POST",), news_poll, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, worker=OWNER),
@@ -69,4 +86,7 @@ def add_control_state(app: web.Application) -> None:
 async def _publisher(app: web.Application):
     publisher = app[PUBLISHER] = AdapterPublisher(app[ADAPTERS])
     app[MAP_PUBLISHED] = publisher.published  # a load or unload answers once every worker applied it
+    news = app[NEWS] = OwnerNews(app[CONTEXT])
+    app[NAME_PUBLISHED] = news.renamed  # a rename, and a finished session, answer once every worker applied it
+    app[FINISH_EVERYWHERE] = news.finish_session
     yield

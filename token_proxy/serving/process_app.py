@@ -1,6 +1,7 @@
 """A data-plane serving process's admin side (`--workers N`; a proxy process, not an SGLang worker): every admin-plane route (the route table's OWNER rows) is forwarded to the owner over
 its Unix socket (the same routes as one process serves, so labels, 404s and 405s match), the LoRA map
-is mirrored (adapter_sync.py), so is the fleet's weight-version record (fleet_mirror.py), and /metrics appends the owner's block (metrics_block.py)."""
+is mirrored (adapter_sync.py), so are the fleet's weight-version record (fleet_mirror.py), the served name and
+the finished sessions (owner_news.py), and /metrics appends the owner's block (metrics_block.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
+from token_proxy.api.chat.sessions import SESSIONS
 from token_proxy.errors import BackendUnavailable, NotFound
 from token_proxy.fleet.versions import register_reply_check
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
@@ -24,6 +26,7 @@ from token_proxy.route_row import OWNER
 from token_proxy.routes import ROUTES, add_rows
 from token_proxy.serving.fleet_mirror import FleetMirror
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
+from token_proxy.serving.owner_news import NewsFollower
 from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
@@ -103,10 +106,12 @@ async def _worker_state(app: web.Application):
         app[CONTEXT].when_ready(learn)
         mirror = FleetMirror(session)  # the fleet's versions (the stale-reply check)
         register_reply_check(app, mirror)
+        news = NewsFollower(session, role.index, app[CONTEXT], lambda: app.get(SESSIONS))  # name, finished sessions
         loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(follower.run()), loop.create_task(mirror.run())]
+        tasks = [loop.create_task(follower.run()), loop.create_task(mirror.run()), loop.create_task(news.run())]
         with contextlib.suppress(asyncio.TimeoutError):  # the owner is up before workers start
-            await asyncio.wait_for(asyncio.gather(follower.first_map.wait(), mirror.first.wait()), 5.0)
+            await asyncio.wait_for(asyncio.gather(follower.first_map.wait(), mirror.first.wait(), news.first.wait()),
+                                   5.0)
         yield
         for task in tasks:
             task.cancel()

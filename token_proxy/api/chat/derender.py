@@ -52,7 +52,7 @@ async def chat_completions_derender(request: web.Request) -> web.Response:
     outputs = rules.whole(items)
     rid = opt_request_id(generated) or new_request_id("chatcmpl", None)
     meta = ResponseMeta(rid if rid.startswith("chatcmpl-") else f"chatcmpl-{rid}", now(),
-                        opt_str(body, "model") or ctx.backend.served_model_name, [prompt_ids])
+                        opt_str(body, "model") or ctx.served_model_name, [prompt_ids])
     return json_response(ChatFormatter(req, meta, None, output_parser(req, features)).response(outputs, rules.usage()))
 
 

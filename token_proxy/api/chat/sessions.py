@@ -11,6 +11,7 @@ next lookup waits for it.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -32,6 +33,9 @@ from token_proxy.tokenization.renderer import ChatPrompt
 from token_proxy.vocabulary import Output, Usage
 
 SESSIONS = web.AppKey("sessions", SessionStore)  # absent when --session-max-bytes is 0
+# With --workers N, on the admin owner: drop a session in every serving process, True if one held it
+# (serving/owner_news.py sets it; /finish_session is an owner row). Absent in one process.
+FINISH_EVERYWHERE = web.AppKey("finish_everywhere", Callable[[str], Awaitable[bool]])
 _RECORDED = ("stop", "length", "tool_calls")
 
 
@@ -48,8 +52,8 @@ def add_sessions(app: web.Application) -> None:
 async def finish_session(request: web.Request) -> web.Response:
     """SkyRL's `POST /finish_session?session_id=ID` (RemoteInferenceClient.finish_session, at the end of a
     trajectory): the session's stored turn is dropped now rather than at its TTL. An unknown id, or sessions
-    off, is a no-op, as SkyRL's routers answer it. With --workers N each process keeps its own sessions: the
-    call drops the one this process holds (the others age out)."""
+    off, is a no-op, as SkyRL's routers answer it. With --workers N each serving process keeps its own
+    sessions: the call goes to the owner, which drops the session in every process before it answers."""
     body = await read_json(request) if request.can_read_body else {}
     key = session_key({SESSION_ID_HEADER: request.query[SESSION_ID_FIELD]} if SESSION_ID_FIELD in request.query
                       else request.headers, body if isinstance(body, dict) else {})
@@ -58,6 +62,9 @@ async def finish_session(request: web.Request) -> web.Response:
                              param=SESSION_ID_FIELD)
     store = request.app.get(SESSIONS)
     held = store is not None and store.forget(key)
+    everywhere = request.app.get(FINISH_EVERYWHERE)
+    if everywhere is not None and store is not None:
+        held = await everywhere(key) or held
     return json_response({"session_id": key, "finished": bool(held)})
 
 
