@@ -18,6 +18,7 @@ from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refu
 from token_proxy.admin.workers import ADMIN, AdminPlane, StepResult
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.http_io import parse_json_object, route_of
+from token_proxy.sglang.headers import upstream_headers
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT
 
@@ -253,13 +254,11 @@ def _version(value) -> str | None:
 
 # --- pass-through of routes the proxy does not own ------------------------------------------------
 
-# Hop-by-hop headers, and those aiohttp recomputes; Accept-Encoding so SGLang sends identity bytes.
+# SGLang's reply headers back to the client: all but the hop-by-hop ones and those aiohttp recomputes. What
+# goes upstream is an allow-list (sglang/headers.py): no credential of the client's reaches SGLang.
 _DROP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                    "trailer", "transfer-encoding", "upgrade", "content-length", "accept-encoding",
                    "content-encoding"})
-# The client's credentials for the proxy (ops/auth.py reads Authorization) never reach SGLang: it gets
-# --sglang-api-key, if any (SGLangClient adds it), and X-API-Key is the usual other spelling of a key.
-_DROP_UPSTREAM = _DROP | {"authorization", "x-api-key"}
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -272,7 +271,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))
-    async with client.open(request.method, request.path_qs, body or None, _kept(request.headers, _DROP_UPSTREAM)) as upstream:
+    async with client.open(request.method, request.path_qs, body or None, upstream_headers(request.headers.items())) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()
             if raw.strip() in (b"", b'{"detail":"Not Found"}'):
