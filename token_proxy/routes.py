@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from token_proxy import __version__
-from token_proxy.admin import prime_rl, removed_routes, vllm_rl, vllm_weights
+from token_proxy.admin import memory, prime_rl, removed_routes, vllm_rl, vllm_weights
 from token_proxy.admin.fence import add_fence
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
@@ -152,8 +152,9 @@ ROUTES: tuple[Route, ...] = (
     _sglang("/pause_generation"),
     _sglang("/continue_generation"),
     _sglang("/flush_cache", GET_POST),
-    _sglang("/release_memory_occupation", GET_POST),
-    _sglang("/resume_memory_occupation", GET_POST),
+    # guarded: a misused release or resume kills SGLang's scheduler (admin/memory.py)
+    _admin("/release_memory_occupation", GET_POST, memory.release_memory_occupation, SGLANG),
+    _admin("/resume_memory_occupation", GET_POST, memory.resume_memory_occupation, SGLANG),
     _sglang("/get_weights_by_name", GET_POST),
     *(_sglang(path, GET, kind=TOKENIZER) for path in ("/model_info", "/get_model_info", "/server_info",
                                                        "/get_server_info")),

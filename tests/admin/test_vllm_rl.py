@@ -189,7 +189,7 @@ async def test_wake_up_tags_as_vllm_answers_them(fleet2, monkeypatch):
     monkeypatch.setattr(plane, "fan_out", recording)
     await post(proxy, "/sleep", params={"level": "1"})
     refused = await post(proxy, "/resume", 409)
-    assert refused["error"]["message"] == ("memory is released (kv_cache, weights): POST /wake_up before /resume, "
+    assert refused["error"]["message"] == ("memory is released (cuda_graph, kv_cache, weights): POST /wake_up before /resume, "
                                            "or SGLang would run on memory it gave back")
     assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}
     assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}

@@ -178,8 +178,7 @@ FORWARDS = {row.path: row for row in (
     Forward("/pause_generation", "admin_timeout_s", after=note_pause),
     Forward("/continue_generation", "admin_timeout_s", after=note_continue),
     Forward("/flush_cache", "admin_timeout_s"),
-    Forward("/release_memory_occupation", "weight_update_timeout_s"),
-    Forward("/resume_memory_occupation", "weight_update_timeout_s"),
+    # /release_memory_occupation and /resume_memory_occupation: guarded in admin/memory.py.
     Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False),
     Forward("/model_info", "short", fan_out=False),
     Forward("/get_model_info", "short", fan_out=False),
