@@ -12,12 +12,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from token_proxy import checks as check
-from token_proxy.admin import fleet, weight_session
+from token_proxy.admin import fleet, labels, weight_session
 from token_proxy.admin import native_checks as native
 from token_proxy.admin.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.admin.workers import ADMIN, AdminPlane, StepResult
 from token_proxy.errors import InvalidRequest, NotFound
-from token_proxy.http_io import parse_json_object, route_of
+from token_proxy.http_io import PASSED_THROUGH, parse_json_object, route_of
 from token_proxy.sglang.headers import upstream_headers
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT
@@ -60,6 +60,12 @@ async def group_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[d
     return [{**body, "rank_offset": offset} for offset in offsets]
 
 
+async def destroy_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """Checked before any worker sees it: the group is named by a string (note_group_gone keys on it)."""
+    check.text(body.get("group_name"), "group_name", default="weight_update_group")
+    return [body] * len(urls)
+
+
 async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     check.tensor_specs(body)
     return await safe_flush(plane, [body] * len(urls), urls)
@@ -68,7 +74,9 @@ async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[
 async def version_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     """/update_weight_version keeps the requests in flight unless the client asks to abort them: SGLang aborts
     them by default (abort_all_requests: true in every release), vLLM's route of the same name never does,
-    and a rollout kept across a keep-pause must not end in an abort (bench/chaos.py's weights_vllm)."""
+    and a rollout kept across a keep-pause must not end in an abort (bench/chaos.py's weights_vllm). Refused
+    (409) while the last push failed: the label would name weights the workers do not hold (labels.py)."""
+    labels.refuse_label_after_failed_push(plane, "update_weight_version")
     return [{"abort_all_requests": False, **body}] * len(urls)
 
 
@@ -173,7 +181,7 @@ FORWARDS = {row.path: row for row in (
     # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
     Forward("/begin_weight_update", "admin_timeout_s", after=note_session_open),
     Forward("/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
-    Forward("/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
+    Forward("/destroy_weights_update_group", "admin_timeout_s", prepare=destroy_bodies, after=note_group_gone),
     Forward("/update_weight_version", "admin_timeout_s", prepare=version_bodies, after=note_new_version),
     Forward("/pause_generation", "admin_timeout_s", after=note_pause),
     Forward("/continue_generation", "admin_timeout_s", after=note_continue),
@@ -276,16 +284,33 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
             if raw.strip() in (b"", b'{"detail":"Not Found"}'):
                 raise NotFound(f"The route {request.path} does not exist")
             return web.Response(status=404, body=raw, headers=_kept(upstream.headers))
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=_kept(upstream.headers))
+        response = request[PASSED_THROUGH] = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                                                headers=_kept(upstream.headers))
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
+        await _relay(upstream, response)
         row = route_of(request.app, request.path)
         if row is not None and row.weight_update and upstream.status < 300 and ADMIN in request.app:
             request.app[ADMIN].record_version(None)  # /update_weights_from_tensor: its after-hooks run
         return response
+
+
+async def _relay(upstream, response: web.StreamResponse) -> None:
+    """SGLang's body as it comes; a stream in whole events, so that the drain's error event (ops/drain.py)
+    never lands inside one."""
+    if response.content_type != "text/event-stream":
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    else:
+        held = b""
+        async for chunk in upstream.content.iter_any():
+            held += chunk
+            end = held.rfind(b"\n\n") + 2
+            if end > 1:
+                await response.write(held[:end])
+                held = held[end:]
+        if held:
+            await response.write(held)
+    await response.write_eof()
 
 
 def _kept(headers, drop: frozenset = _DROP) -> CIMultiDict:
