@@ -4,7 +4,8 @@
 - POST /_internal/lora_sync: a worker's request found SGLang without an adapter; re-load what is missing;
 - GET /_internal/metrics: the one-producer block every worker appends to its /metrics (metrics_block.py);
 - POST /_internal/fleet_versions {"seen", "wait"}: the fleet's weight-version record once it differs from
-  `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check.
+  `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check;
+- GET /_internal/ready: whether the owner is connected to SGLang (a worker's /health waits for it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from token_proxy.lora.workers import LORA
 from token_proxy.route_row import ADMIN, OWNER, Route
 from token_proxy.routes import INTERNAL, add_rows
 from token_proxy.serving.metrics_block import render_owner_block
+from token_proxy.state import CONTEXT
 
 PUBLISHER = web.AppKey("adapter_publisher", AdapterPublisher)
 
@@ -43,6 +45,12 @@ async def fleet_versions(request: web.Request) -> web.Response:
     return json_response({"seq": plane.changes, **plane.version_record().as_dict()})
 
 
+async def owner_ready(request: web.Request) -> web.Response:
+    """A worker's /health asks: is the owner connected to SGLang (every OWNER row can be served)?"""
+    reason = request.app[CONTEXT].not_ready_reason
+    return json_response({"ready": reason is None, "reason": reason}, 200 if reason is None else 503)
+
+
 async def owner_metrics(request: web.Request) -> web.Response:
     return web.Response(body=await render_owner_block(request.app), content_type="text/plain")
 
@@ -53,6 +61,7 @@ CONTROL_ROUTES = (
     Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/ready", ("GET",), owner_ready, ADMIN, dialect=INTERNAL, worker=OWNER),
 )
 
 
