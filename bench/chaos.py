@@ -31,6 +31,9 @@ the gaps sweep across its keep-alive):
   weights_vllm       vLLM's POST /pause?mode=keep, /update_weight_version, /resume mid-burst
   sleep_wake         vLLM's POST /sleep?level=1 then /wake_up (no tags) mid-burst
   client_disconnect  a third of the burst's streams leave after their first chunk
+  sigterm_deadline   SIGTERM to a proxy with --shutdown-timeout 0.5 while a burst of ~3 s requests runs: each
+                     gets a 503 with Retry-After or an error event, the exit is on time (its own ledger line,
+                     "proxy exit"), and a new proxy takes the next bursts
   worker_kill        kill -9 one worker of `--workers 2` mid-burst (the supervisor starts it again)
   together           all of the above in one burst, staggered
 
@@ -92,6 +95,19 @@ def error_message(body: bytes) -> str | None:
     return message if isinstance(message, str) and message.strip() else None
 
 
+def _error_code(body: bytes):
+    """OpenAI's error.code (vLLM's and the proxy's: the HTTP status, an integer), or None."""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        data = orjson.loads(body)
+        error = data.get("error") if isinstance(data, dict) else None
+        return error.get("code") if isinstance(error, dict) else None
+    return None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class Expect:
     """What a chat request asks for: `n` samples of `max_tokens` ids (exactly, with ignore_eos)."""
@@ -107,6 +123,9 @@ def classify_error(status: int, headers, body: bytes, admin: bool = False) -> tu
     message = error_message(body)
     if message is None:
         return LOST, f"{status} without an error message"
+    code = _error_code(body)
+    if code is not None and not _is_int(code):
+        return LOST, f"{status} with a non-integer error code {code!r}: {message[:60]}"
     note = f"{status}: {message[:90]}"
     if status in (429, 503) and "Retry-After" not in headers:
         return LOST, f"{status} without Retry-After: {message[:70]}"
@@ -177,7 +196,9 @@ def classify_stream(status: int, headers, body: bytes, expect: Expect, abort_ok:
             code, message = error.get("code"), error.get("message")
             if not message:
                 return LOST, "a stream error event without a message"
-            if isinstance(code, int) and code >= 500 and code not in SGLANG_STATUSES:
+            if not _is_int(code):
+                return LOST, f"stream error with a non-integer code {code!r}: {message[:60]}"
+            if code >= 500 and code not in SGLANG_STATUSES:
                 return LOST, f"stream error {code}: {message[:80]}"
             return ERROR, f"stream error {code}: {message[:80]}"
         for choice in event.get("choices") or () if isinstance(event, dict) else ():
@@ -194,10 +215,14 @@ def query_params(path: str) -> dict[str, str]:
     return {name: value for name, _, value in (item.partition("=") for item in query.split("&") if item)}
 
 
-def aborts_by_design(path: str) -> bool:
+def aborts_by_design(path: str, body=None) -> bool:
     """An admin call whose API ends the requests in flight (finish_reason "abort"): vLLM's /sleep (mode
-    abort, its default), /pause?mode=abort (a bare /pause is prime-rl's, which keeps them) and /abort_requests."""
-    route, mode = path.partition("?")[0], query_params(path).get("mode")
+    abort, its default), /pause?mode=abort, prime-rl's /pause {"mode": "abort"} (its mode is in the body; a
+    bare /pause keeps them) and /abort_requests."""
+    route, query = path.partition("?")[0], query_params(path)
+    mode = query.get("mode")
+    if route == "/pause" and mode is None and "clear_cache" not in query and isinstance(body, dict):
+        mode = body.get("mode")  # prime-rl's dialect (admin/vllm_rl.py: the query names vLLM's)
     return (route == "/abort_requests" or (route == "/sleep" and mode in (None, "abort"))
             or (route == "/pause" and mode == "abort"))
 
@@ -337,6 +362,7 @@ class Env:
     proxy_url: str = ""
     workers: int = 1
     keepalive: float = 0.0
+    shutdown_timeout: float | None = None  # the proxy's --shutdown-timeout, when not its default
     weights: Path | None = None
     version: int = 0
 
@@ -355,13 +381,15 @@ class Env:
         with open(self.log_dir / "sim.log", "ab") as log:
             self.sim = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
 
-    def start_proxy(self, workers: int, keepalive: float) -> None:
+    def start_proxy(self, workers: int, keepalive: float, shutdown_timeout: float | None = None) -> None:
         self.stop_proxy()
-        self.workers, self.keepalive, port = workers, keepalive, free_port()
+        self.workers, self.keepalive, self.shutdown_timeout, port = workers, keepalive, shutdown_timeout, free_port()
         self.proxy_url = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "token_proxy", "--host", "127.0.0.1", "--port", str(port),
                "--backend", self.backend, "--workers", str(workers), "--log-level", "warning",
                "--backend-keepalive", str(keepalive)]
+        if shutdown_timeout is not None:
+            cmd += ["--shutdown-timeout", str(shutdown_timeout)]
         with open(self.log_dir / f"proxy-{port}.log", "ab") as log:
             self.proxy = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_env())
         wait_healthy(self.proxy_url, self.proxy, 120, "/v1/models")
@@ -431,7 +459,7 @@ async def admin(session: aiohttp.ClientSession, env: Env, ledger: Ledger, method
     One that aborts requests by design opens a window in which aborted samples are its doing."""
     loop = asyncio.get_running_loop()
     window = [loop.time(), None]
-    if aborts_by_design(path):
+    if aborts_by_design(path, body):
         ledger.aborting.append(window)
     try:
         async with asyncio.timeout(REQUEST_LIMIT_S), session.request(method, env.proxy_url + path,
@@ -498,7 +526,26 @@ async def fault_worker_kill(session, env: Env, ledger: Ledger) -> None:
         os.kill(worker, signal.SIGKILL)
 
 
-FAULTS = {"sglang_kill": fault_sglang_kill, "weights_primerl": fault_weights_primerl,
+async def fault_sigterm(session, env: Env, ledger: Ledger) -> None:
+    """SIGTERM past --shutdown-timeout: the requests in flight are the ledger's (503 + Retry-After, or an
+    error event: actionable); the exit itself is one line, on time within the timeout + 1 s or lost."""
+    if env.proxy is None or env.shutdown_timeout is None:
+        return
+    sent = time.monotonic()
+    env.proxy.send_signal(signal.SIGTERM)
+    try:
+        code = await asyncio.to_thread(env.proxy.wait, env.shutdown_timeout + 10)
+    except subprocess.TimeoutExpired:
+        code = None
+    took = time.monotonic() - sent
+    on_time = code == 0 and took <= env.shutdown_timeout + 1.0
+    ledger.add("proxy exit", IDS if on_time else LOST, f"exit {code} after {took:.1f} s "
+               f"(--shutdown-timeout {env.shutdown_timeout:g})")
+    env.proxy = None
+    await asyncio.to_thread(env.start_proxy, env.workers, env.keepalive, env.shutdown_timeout)
+
+
+FAULTS = {"sglang_kill": fault_sglang_kill, "sigterm": fault_sigterm, "weights_primerl": fault_weights_primerl,
           "weights_vllm": fault_weights_vllm, "sleep_wake": fault_sleep_wake, "worker_kill": fault_worker_kill}
 
 
@@ -509,6 +556,8 @@ class Scenario:
     leave_every: int = 0  # client_disconnect: every n-th stream leaves
     workers: int = 1
     backend_keepalive: float | None = None  # the proxy's --backend-keepalive, when not the run's
+    shutdown_timeout: float | None = None  # the proxy's --shutdown-timeout, when not its default
+    fault_tokens: int = 1  # the fault round's max_tokens, times the run's
 
 
 SCENARIOS = (
@@ -521,6 +570,8 @@ SCENARIOS = (
     Scenario("sleep_wake", ("sleep_wake",)),
     Scenario("client_disconnect", leave_every=3),
     Scenario("worker_kill", ("worker_kill",), workers=2),
+    # ~3 s requests (160 tokens at 20 ms) past a 0.5 s deadline: every one is cut by the drain
+    Scenario("sigterm_deadline", ("sigterm",), shutdown_timeout=0.5, fault_tokens=10),
     Scenario("together", ("weights_primerl", "weights_vllm", "sleep_wake", "worker_kill", "sglang_kill"),
              leave_every=3, workers=2),
 )
@@ -546,6 +597,7 @@ async def run_scenario(env: Env, scenario: Scenario, args) -> Ledger:
         before = await upstream_retries(session, env)
         for r in range(args.rounds):
             tokens = args.max_tokens * (3 if scenario.name == "together" and r == fault_round else 1)
+            tokens *= scenario.fault_tokens if r == fault_round else 1
             work = [burst(session, env, ledger, args.burst, tokens, scenario.leave_every, counter,
                           streams=not args.rhythm)]
             if r == fault_round:
@@ -591,8 +643,9 @@ def run(args) -> list[Ledger]:
         wait_healthy(env.backend, env.sim, 180)
         for scenario in scenarios:
             keepalive = scenario.backend_keepalive or args.backend_keepalive
-            if env.proxy is None or (env.workers, env.keepalive) != (scenario.workers, keepalive):
-                env.start_proxy(scenario.workers, keepalive)
+            wanted = (scenario.workers, keepalive, scenario.shutdown_timeout)
+            if env.proxy is None or (env.workers, env.keepalive, env.shutdown_timeout) != wanted:
+                env.start_proxy(*wanted)
             _recover(env, undo=not args.rhythm)
             ledger = asyncio.run(run_scenario(env, scenario, args))
             ledgers.append(ledger)

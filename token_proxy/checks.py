@@ -123,21 +123,37 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", ".", "~")) or path.count("/") > 1 or "\\" in path
 
 
+# Linux's NAME_MAX and PATH_MAX (bytes): a longer name is no directory anywhere (the OS refuses it with
+# ENAMETOOLONG, which pathlib's is_dir / exists raise) and no Hugging Face Hub id either.
+NAME_MAX, PATH_MAX = 255, 4095
+
+
+def path(value, param: str) -> str:
+    """A non-empty path string whose every name fits the file system: a 400 here, never an OSError later."""
+    given = text(value, param)
+    encoded = given.encode("utf-8", "surrogatepass")
+    longest = max(len(name) for name in encoded.split(b"/"))
+    if len(encoded) > PATH_MAX or longest > NAME_MAX or "\0" in given:
+        raise InvalidRequest(f"{param} is not a usable path: at most {PATH_MAX} bytes, each name at most {NAME_MAX} "
+                             f"bytes, no NUL (got {len(encoded)} bytes, longest name {longest})", param=param)
+    return given
+
+
 def local_dir(value, param: str, settings) -> str:
     """A weight or adapter path, checked against the operator's policy before SGLang sees it: it must
     exist when it looks local (else SGLang tries it as a Hub id), and with --weight-dir roots set it
     must lie inside one of them, with no `..` and no symlink leading out."""
-    path = text(value, param)
-    if looks_local(path) and settings.weight_dirs:
-        inside_roots(path, param, settings.weight_dirs)
+    given = path(value, param)
+    if looks_local(given) and settings.weight_dirs:
+        inside_roots(given, param, settings.weight_dirs)
     elif settings.weight_dirs:
         raise InvalidRequest(f"{param} must be a path under the allowed weight directories, not a hub id",
                              param=param)
-    if settings.check_local_paths and looks_local(path) and not Path(path).expanduser().is_dir():
+    if settings.check_local_paths and looks_local(given) and not Path(given).expanduser().is_dir():
         raise InvalidRequest(
-            f"{param} {path!r} is not an existing directory here; refused before SGLang, which would "
+            f"{param} {given!r} is not an existing directory here; refused before SGLang, which would "
             "try it as a Hugging Face Hub id", param=param)
-    return path
+    return given
 
 
 def inside_roots(path: str, param: str, roots) -> None:

@@ -117,6 +117,7 @@ def sse_frames(chunks: list[dict]) -> bytes:
 
 
 SSE_RESPONSE = web.RequestKey("sse_response", web.StreamResponse)  # the stream a handler opened
+PASSED_THROUGH = web.RequestKey("passed_through", web.StreamResponse)  # SGLang's reply the pass-through relays
 
 
 async def open_sse(request: web.Request) -> web.StreamResponse:

@@ -12,12 +12,12 @@ Paths not listed are the admin plane's pass-through to SGLang (class admin).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from token_proxy import __version__
-from token_proxy.admin import art, prime_rl, removed_routes, vllm_rl, vllm_weights
+from token_proxy.admin import art, memory, prime_rl, removed_routes, vllm_rl, vllm_weights
 from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.derender import chat_completions_derender
@@ -73,11 +73,19 @@ async def version(request: web.Request) -> web.Response:
     return json_response({"version": __version__})
 
 
+# --workers N: whether the admin owner (which serves every admin route and native /generate's pass-through)
+# is connected too; a data-plane process sets it (serving/process_app.py), one process has none.
+OWNER_NOT_READY: web.AppKey[Callable[[], Awaitable[str | None]]] = web.AppKey("owner_not_ready")
+
+
 async def health(request: web.Request) -> web.Response:
-    """Healthy only while the data path can serve: connected (tokenizer loaded) and SGLang healthy.
-    Orchestrators route around a proxy whose engine is gone; the 503 body says why."""
+    """The readiness probe: healthy only while every route can be served: connected (tokenizer loaded), the
+    admin owner too under --workers, and SGLang healthy. Orchestrators route around a proxy whose engine is
+    gone; the 503 body says why. (Liveness, that the process answers at all: GET /version.)"""
     ctx = request.app[CONTEXT]
     reason = ctx.not_ready_reason
+    if reason is None and OWNER_NOT_READY in request.app:
+        reason = await request.app[OWNER_NOT_READY]()
     if reason is None:
         problem = await ctx.client.health_problem(timeout_s=5.0)
         reason = problem and f"SGLang at {ctx.client.base_url} is not healthy: {problem}"
@@ -161,8 +169,9 @@ ROUTES: tuple[Route, ...] = (
     _sglang("/pause_generation"),
     _sglang("/continue_generation"),
     _sglang("/flush_cache", GET_POST),
-    _sglang("/release_memory_occupation", GET_POST),
-    _sglang("/resume_memory_occupation", GET_POST),
+    # guarded: a misused release or resume kills SGLang's scheduler (admin/memory.py)
+    _admin("/release_memory_occupation", GET_POST, memory.release_memory_occupation, SGLANG),
+    _admin("/resume_memory_occupation", GET_POST, memory.resume_memory_occupation, SGLANG),
     _sglang("/get_weights_by_name", GET_POST),
     *(_sglang(path, GET, kind=TOKENIZER) for path in ("/model_info", "/get_model_info", "/server_info",
                                                        "/get_server_info")),

@@ -187,7 +187,7 @@ async def test_an_abandoned_push_is_failed_when_the_wait_runs_out(make_sim, make
     assert (await call(proxy, "POST", "/resume", params={"force": "true"})) == (200, {"status": "resumed"})
 
 
-async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim, make_proxy):
+async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim, make_proxy, fake_group):
     """Item 5, SkyRL's order: pause (keep), push, finish, resume. SGLang's /update_weight_version aborts every
     request unless told not to (abort_all_requests defaults to true); the rollout must finish whole."""
     a, b = await make_sim(tpot_s=0.01), await make_sim()
@@ -219,6 +219,9 @@ async def test_finish_weight_update_keeps_the_rollouts_pause_keep_kept(make_sim,
     assert len(aborted) == 1
 
     rollout = await kept_rollout()
+    init = {"master_address": "127.0.0.1", "master_port": 29543, "rank_offset": 1, "world_size": 3}
+    assert (await call(proxy, "POST", "/init_weight_transfer_engine", json={"init_info": init}))[0] == 200
+    assert (await call(proxy, "POST", "/start_weight_update"))[0] == 200  # vLLM: a finish needs a start
     assert await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "v1"}) == (
         200, {"message": "Weight update finished"})
     assert [s.app[SIM_STATE].weight_version for s in (a, b)] == ["v1", "v1"]
@@ -263,3 +266,54 @@ def test_a_failed_push_answers_400_only_when_every_worker_was_heard_refusing_it(
         else:
             made.append(WorkerReply(url, code, b"{}", "application/json"))
     assert push_status(made) == status
+
+
+# --- no label without the weights behind it (issue 41.2) ----------------------------------------------------
+
+
+async def test_a_finish_after_a_rolled_back_push_relabels_nothing(fleet2, fake_group):
+    """The issue's sequence: B refuses bucket 2 of 3 of a prime-rl push, every worker rolls back to the
+    checkpoint ("default"), then a finish (or a bare label) with version 2 would name the old weights "2":
+    409, and /weight_info still says "default". On d6350dc both answered 200 and relabelled."""
+    proxy, (a, b) = fleet2
+    plane = proxy.app[ADMIN]
+    plane.loaded_path = plane.base_model_path  # the checkpoint the workers started from: rolled back to
+    assert await call(proxy, "POST", "/init_broadcaster", json=INIT) == (200, {"status": "ok"})
+    b.app[RL_SIM].faults.extend([{"kind": "pass"}, {"kind": "partial", "message": "refuses bucket 2"}])
+    assert (await call(proxy, "POST", "/update_weights_from_distributed", json=BUCKETS[0]))[0] == 200
+    status, second = await call(proxy, "POST", "/update_weights_from_distributed", json=BUCKETS[1])
+    assert (status, second["outcome"]) == (503, "rolled_back")
+    status, body = await call(proxy, "POST", "/update_weights", json={"weight_dir": None})
+    assert status == 503 and "rolled back to version default" in body["error"]["message"]
+    status, finish = await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "2"})
+    assert (status, finish["error"]["type"]) == (409, "ConflictError")
+    assert finish["error"]["message"].startswith("finish_weight_update called without a matching start_weight_update")
+    status, label = await call(proxy, "POST", "/update_weight_version", json={"new_version": "2"})
+    assert status == 409 and label["error"]["message"].startswith(
+        "update_weight_version: the last weight push failed (")
+    status, info = await call(proxy, "GET", "/weight_info")
+    assert [w["weight_version"] for w in info["workers"]] == ["default", "default"]
+    assert [s.app[SIM_STATE].weight_version for s in (a, b)] == ["default", "default"]
+
+
+async def test_a_finish_of_an_update_whose_push_failed_is_a_409_until_a_new_one_arrives(fleet2, fake_group):
+    """vLLM's order (start, update_weights, finish): a failed receive closes the update, as vLLM's worker does."""
+    proxy, (a, b) = fleet2
+    proxy.app[ADMIN].loaded_path = proxy.app[ADMIN].base_model_path
+    init = {"master_address": "127.0.0.1", "master_port": 29545, "rank_offset": 1, "world_size": 3}
+    meta = {"names": BUCKETS[0]["names"], "dtype_names": BUCKETS[0]["dtypes"], "shapes": BUCKETS[0]["shapes"]}
+    assert (await call(proxy, "POST", "/init_weight_transfer_engine", json={"init_info": init}))[0] == 200
+    assert (await call(proxy, "POST", "/start_weight_update"))[0] == 200
+    b.app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
+    assert (await call(proxy, "POST", "/update_weights", json={"update_info": meta}))[0] == 503  # rolled back
+    status, finish = await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "5"})
+    assert status == 409 and finish["error"]["message"].startswith("finish_weight_update: the weight update failed (")
+    assert [s.app[SIM_STATE].weight_version for s in (a, b)] == ["default", "default"]
+    # again, whole: the label follows the weights
+    assert (await call(proxy, "POST", "/init_weight_transfer_engine", json={"init_info": init}))[0] == 200
+    assert (await call(proxy, "POST", "/start_weight_update"))[0] == 200
+    assert (await call(proxy, "POST", "/update_weights", json={"update_info": meta}))[0] == 200
+    assert await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "5"}) == (
+        200, {"message": "Weight update finished"})
+    assert [s.app[SIM_STATE].weight_version for s in (a, b)] == ["5", "5"]
+    assert (await call(proxy, "POST", "/update_weight_version", json={"new_version": "5b"}))[0] == 200

@@ -189,7 +189,7 @@ async def test_wake_up_tags_as_vllm_answers_them(fleet2, monkeypatch):
     monkeypatch.setattr(plane, "fan_out", recording)
     await post(proxy, "/sleep", params={"level": "1"})
     refused = await post(proxy, "/resume", 409)
-    assert refused["error"]["message"] == ("memory is released (kv_cache, weights): POST /wake_up before /resume, "
+    assert refused["error"]["message"] == ("memory is released (cuda_graph, kv_cache, weights): POST /wake_up before /resume, "
                                            "or SGLang would run on memory it gave back")
     assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}
     assert await post(proxy, "/wake_up", params={"tags": "weights"}) == {"status": "sleeping", "tags": ["weights"]}
@@ -355,6 +355,9 @@ async def test_nccl_weight_transfer_round_on_every_worker(fleet2, fake_group):
     assert (await get(proxy, "/weight_info"))["weight_version"] == "v1"
     assert await post(proxy, "/update_weight_version", json={"new_version": "v2"}) == {
         "success": True, "message": "Weight version updated to v2", "new_version": "v2"}
+    refused = await post(proxy, "/finish_weight_update", 409)  # finished already: no update is open (vLLM errs too)
+    assert refused["error"]["message"].startswith("finish_weight_update called without a matching start_weight_update")
+    assert await post(proxy, "/start_weight_update") == {"message": "Weight update started"}
     assert await post(proxy, "/finish_weight_update") == {"message": "Weight update finished"}
     assert await post(proxy, "/shutdown_weight_transfer_engine") == {"message": "Weight transfer shut down"}
     assert all(not s.app[WEIGHTS].groups for s in sims)

@@ -186,3 +186,48 @@ def test_quick_run_loses_nothing(tmp_path):
     # tests/sglang/test_keepalive.py pins the lateness and counts).
     assert faults["keepalive_pool_30s"]["ids"] == 12
     assert faults["keepalive_pool_30s"]["upstream_retries"] is not None  # the metric was read
+
+
+# --- the ledger's gaps of issue 41.8 (each was counted wrong on d6350dc) ------------------------------------
+
+
+def test_prime_rls_pause_abort_in_the_body_aborts_by_design(chaos):
+    assert chaos.aborts_by_design("/pause", {"mode": "abort"}) is True  # prime-rl's dialect: the body
+    assert chaos.aborts_by_design("/pause", {"mode": "keep"}) is False
+    assert chaos.aborts_by_design("/pause", {}) is False
+    # vLLM's dialect reads only the query (a body's mode is ignored there)
+    assert chaos.aborts_by_design("/pause?mode=keep", {"mode": "abort"}) is False
+    assert chaos.aborts_by_design("/pause?clear_cache=false", {"mode": "abort"}) is False
+
+
+def test_a_non_integer_error_code_is_not_actionable(chaos):
+    four = chaos.Expect(4)
+    for code in ("503", "service_unavailable", 503.0, True, [503]):
+        body = json.dumps({"error": {"message": "SGLang is restarting", "type": "X", "code": code}}).encode()
+        outcome, note = chaos.classify_whole(503, {"Retry-After": "1"}, body, four)
+        assert (outcome, note) == ("lost", f"503 with a non-integer error code {code!r}: SGLang is restarting")
+        event = b"data: " + body + b"\n\ndata: [DONE]\n\n"
+        assert chaos.classify_stream(200, {}, event, four)[0] == "lost"
+    fine = _error("SGLang is restarting", 503)
+    assert chaos.classify_whole(503, {"Retry-After": "1"}, fine, four) == ("error", "503: SGLang is restarting")
+    no_code = json.dumps({"error": {"message": "x"}}).encode()  # SGLang's own shape: no code at all
+    assert chaos.classify_whole(502, {}, no_code, four) == ("error", "502: x")
+
+
+def test_the_sigterm_scenario_exists_and_runs_past_the_deadline(chaos):
+    scenario = {s.name: s for s in chaos.SCENARIOS}["sigterm_deadline"]
+    assert (scenario.faults, scenario.shutdown_timeout, scenario.fault_tokens) == (("sigterm",), 0.5, 10)
+    assert "sigterm" in chaos.FAULTS
+
+
+def test_sigterm_past_the_deadline_loses_nothing(tmp_path):
+    """The scenario end to end: the requests in flight at the deadline get 503 + Retry-After or an error event
+    (actionable), the proxy exits within the timeout + 1 s, a new one serves the next burst."""
+    out = tmp_path / "sigterm.json"
+    done = subprocess.run([sys.executable, str(BENCH / "chaos.py"), "--faults", "sigterm_deadline", "--rounds", "2",
+                           "--burst", "6", "--json-out", str(out)],
+                          cwd=BENCH.parent, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["faults"]
+    assert (row["fault"], row["sent"], row["lost"]) == ("sigterm_deadline", 13, 0)  # 2 bursts of 6 + the exit
+    assert row["error"] >= 1 and row["ids"] >= 7  # the cut requests, then the exit and the next burst

@@ -118,3 +118,52 @@ async def test_a_sessions_turns_carry_its_routing_key_to_sglang(aiohttp_server, 
             assert resp.status == 200
             await resp.read()
     assert seen == [("POST", "rollout-7"), ("POST", None), ("POST", "rollout-7"), ("POST", None)]
+
+
+# Every credential header in common use (issue 41.5): none may reach SGLang through the pass-through, the only
+# route that forwards a client's headers (an allow-list, sglang/headers.py). Cookie and Api-Key reached
+# SGLang on d6350dc (only Authorization and X-API-Key were dropped).
+CREDENTIALS = {"Authorization": f"Bearer {ADMIN_KEY}", "Proxy-Authorization": "Basic dXNlcjpwYXNz",
+               "Cookie": "session=abc123", "Api-Key": "k1", "X-Api-Key": "k2", "X-Auth-Token": "t1",
+               "X-Access-Token": "t2", "X-Amz-Security-Token": "t3", "X-Goog-Api-Key": "k3",
+               "Ocp-Apim-Subscription-Key": "k4", "X-Csrf-Token": "c1", "X-Forwarded-Authorization": "Bearer f",
+               "Authentication": "Bearer a", "X-Session-Token": "s1", "X-Amz-Date": "20261128T000000Z"}
+KEPT = {"X-Request-Id": "req-41", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "X-Data-Parallel-Rank": "0", "X-Override-Priority": "1"}
+
+
+@pytest.fixture
+def header_sim(aiohttp_server, tokenizer_dir):
+    async def factory():
+        seen: list[tuple[str, dict]] = []
+
+        @web.middleware
+        async def record(request, handler):
+            seen.append((request.path, {k.lower(): v for k, v in request.headers.items()}))
+            return await handler(request)
+
+        app = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir)))
+        app.middlewares.insert(0, record)
+        return await aiohttp_server(app), seen
+
+    return factory
+
+
+@pytest.mark.parametrize(("method", "path", "body"), [
+    ("POST", "/generate", {"input_ids": [785, 3974], "sampling_params": {"max_new_tokens": 2}}),
+    ("POST", "/generate", {"input_ids": [785, 3974], "sampling_params": {"max_new_tokens": 2}, "stream": True}),
+    ("GET", "/health_generate", None),
+    ("GET", "/ping", None),
+])
+async def test_no_credential_header_reaches_sglang_through_the_pass_through(header_sim, make_proxy, method, path,
+                                                                            body):
+    sim, seen = await header_sim()
+    proxy = await make_proxy(sim)
+    seen.clear()
+    resp = await proxy.request(method, path, headers={**CREDENTIALS, **KEPT}, json=body)
+    assert resp.status == 200
+    await resp.read()
+    upstream = [headers for p, headers in seen if p == path]
+    assert len(upstream) == 1
+    assert sorted(name for name in (h.lower() for h in CREDENTIALS) if name in upstream[0]) == []
+    assert {k.lower(): v for k, v in KEPT.items()}.items() <= upstream[0].items()

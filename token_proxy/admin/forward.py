@@ -12,13 +12,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from token_proxy import checks as check
+from token_proxy.admin import labels
 from token_proxy.admin import native_checks as native
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet import weight_session
 from token_proxy.fleet.flush import safe_flush, settle_owed_flushes, settle_refusals
 from token_proxy.fleet.plane import ADMIN, AdminPlane, StepResult
-from token_proxy.http_io import parse_json_object, route_of
+from token_proxy.http_io import PASSED_THROUGH, parse_json_object, route_of
+from token_proxy.sglang.headers import upstream_headers
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT
 
@@ -60,6 +62,12 @@ async def group_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[d
     return [{**body, "rank_offset": offset} for offset in offsets]
 
 
+async def destroy_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """Checked before any worker sees it: the group is named by a string (note_group_gone keys on it)."""
+    check.text(body.get("group_name"), "group_name", default="weight_update_group")
+    return [body] * len(urls)
+
+
 async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     check.tensor_specs(body)
     return await safe_flush(plane, [body] * len(urls), urls)
@@ -68,7 +76,9 @@ async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[
 async def version_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     """/update_weight_version keeps the requests in flight unless the client asks to abort them: SGLang aborts
     them by default (abort_all_requests: true in every release), vLLM's route of the same name never does,
-    and a rollout kept across a keep-pause must not end in an abort (bench/chaos.py's weights_vllm)."""
+    and a rollout kept across a keep-pause must not end in an abort (bench/chaos.py's weights_vllm). Refused
+    (409) while the last push failed: the label would name weights the workers do not hold (labels.py)."""
+    labels.refuse_label_after_failed_push(plane, "update_weight_version")
     return [{"abort_all_requests": False, **body}] * len(urls)
 
 
@@ -173,13 +183,12 @@ FORWARDS = {row.path: row for row in (
     # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
     Forward("/begin_weight_update", "admin_timeout_s", after=note_session_open),
     Forward("/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
-    Forward("/destroy_weights_update_group", "admin_timeout_s", after=note_group_gone),
+    Forward("/destroy_weights_update_group", "admin_timeout_s", prepare=destroy_bodies, after=note_group_gone),
     Forward("/update_weight_version", "admin_timeout_s", prepare=version_bodies, after=note_new_version),
     Forward("/pause_generation", "admin_timeout_s", after=note_pause),
     Forward("/continue_generation", "admin_timeout_s", after=note_continue),
     Forward("/flush_cache", "admin_timeout_s"),
-    Forward("/release_memory_occupation", "weight_update_timeout_s"),
-    Forward("/resume_memory_occupation", "weight_update_timeout_s"),
+    # /release_memory_occupation and /resume_memory_occupation: guarded in admin/memory.py.
     Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False),
     Forward("/model_info", "short", fan_out=False),
     Forward("/get_model_info", "short", fan_out=False),
@@ -254,13 +263,11 @@ def _version(value) -> str | None:
 
 # --- pass-through of routes the proxy does not own ------------------------------------------------
 
-# Hop-by-hop headers, and those aiohttp recomputes; Accept-Encoding so SGLang sends identity bytes.
+# SGLang's reply headers back to the client: all but the hop-by-hop ones and those aiohttp recomputes. What
+# goes upstream is an allow-list (sglang/headers.py): no credential of the client's reaches SGLang.
 _DROP = frozenset({"host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                    "trailer", "transfer-encoding", "upgrade", "content-length", "accept-encoding",
                    "content-encoding"})
-# The client's credentials for the proxy (ops/auth.py reads Authorization) never reach SGLang: it gets
-# --sglang-api-key, if any (SGLangClient adds it), and X-API-Key is the usual other spelling of a key.
-_DROP_UPSTREAM = _DROP | {"authorization", "x-api-key"}
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -273,22 +280,39 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))
-    async with client.open(request.method, request.path_qs, body or None, _kept(request.headers, _DROP_UPSTREAM)) as upstream:
+    async with client.open(request.method, request.path_qs, body or None, upstream_headers(request.headers.items())) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()
             if raw.strip() in (b"", b'{"detail":"Not Found"}'):
                 raise NotFound(f"The route {request.path} does not exist")
             return web.Response(status=404, body=raw, headers=_kept(upstream.headers))
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason,
-                                      headers=_kept(upstream.headers))
+        response = request[PASSED_THROUGH] = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                                                headers=_kept(upstream.headers))
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
-        await response.write_eof()
+        await _relay(upstream, response)
         row = route_of(request.app, request.path)
         if row is not None and row.weight_update and upstream.status < 300 and ADMIN in request.app:
             request.app[ADMIN].record_version(None)  # /update_weights_from_tensor: its after-hooks run
         return response
+
+
+async def _relay(upstream, response: web.StreamResponse) -> None:
+    """SGLang's body as it comes; a stream in whole events, so that the drain's error event (ops/drain.py)
+    never lands inside one."""
+    if response.content_type != "text/event-stream":
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+    else:
+        held = b""
+        async for chunk in upstream.content.iter_any():
+            held += chunk
+            end = held.rfind(b"\n\n") + 2
+            if end > 1:
+                await response.write(held[:end])
+                held = held[end:]
+        if held:
+            await response.write(held)
+    await response.write_eof()
 
 
 def _kept(headers, drop: frozenset = _DROP) -> CIMultiDict:

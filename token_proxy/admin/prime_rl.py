@@ -119,6 +119,7 @@ async def reload_weights(request: web.Request) -> web.Response:
 def _is_nccl_marker_dir(plane: AdminPlane, weight_dir) -> bool:
     if not plane.settings.check_local_paths or not isinstance(weight_dir, str):
         return False
+    check.path(weight_dir, "weight_dir")  # a name too long for the file system: a 400, not an OSError
     directory = Path(weight_dir)
     return (directory / NCCL_READY_MARKER).exists() and not any(directory.glob("*.safetensors"))
 

@@ -43,13 +43,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from token_proxy import checks as check
-from token_proxy.errors import BackendTimeout, InvalidRequest
+from token_proxy.admin import memory as memory_ops
+from token_proxy.admin.labels import OpenUpdate
+from token_proxy.admin.memory import MEMORY, Memory, add_memory_state, wait_idle
+from token_proxy.errors import InvalidRequest
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import flush_or_owe, pending, read_pending
 from token_proxy.fleet.plane import ADMIN, AdminPlane
@@ -66,7 +68,6 @@ log = logging.getLogger(__name__)
 # then brings back everything needed to serve.
 SLEEP_TAGS = {"weights": ("weights",), "kv_cache": ("kv_cache", "cuda_graph")}  # vLLM's tag -> SGLang's
 WAKE_TAGS = (*SLEEP_TAGS, "scheduling")
-IDLE_POLL_S = 0.05
 
 
 class NotImplementedBySGLang(WorkerFailed):
@@ -80,9 +81,9 @@ class NotImplementedBySGLang(WorkerFailed):
 
 @dataclass
 class VllmRlState:
-    released: set[str] = field(default_factory=set)  # vLLM's SLEEP_TAGS released on every worker
     asleep: bool = False  # /sleep paused the fleet; /wake_up resumes it once everything is back
     last_meta: dict | None = None  # the names / dtypes / shapes of the last update (vLLM reuses them)
+    update: OpenUpdate = field(default_factory=OpenUpdate)  # start .. finish (labels.py: no label without weights)
 
 
 VLLM_RL: web.AppKey[VllmRlState] = web.AppKey("vllm_rl", VllmRlState)
@@ -109,8 +110,8 @@ def require_group(plane: AdminPlane, action: str) -> None:
 
 
 def refuse_resume_while_asleep(app: web.Application) -> None:
-    if VLLM_RL in app and app[VLLM_RL].released:
-        raise fleet.Conflict(f"memory is released ({', '.join(sorted(app[VLLM_RL].released))}): POST /wake_up "
+    if MEMORY in app and app[MEMORY].released:
+        raise fleet.Conflict(f"memory is released ({', '.join(sorted(app[MEMORY].released))}): POST /wake_up "
                              "before /resume, or SGLang would run on memory it gave back")
 
 
@@ -181,17 +182,17 @@ async def sleep(request: web.Request) -> web.Response:
         state.asleep = True
         if level >= 1:
             await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
-            await _release(plane, state, urls, list(SLEEP_TAGS), "sleep")
+            await _release(plane, request.app[MEMORY], urls, list(SLEEP_TAGS), "sleep")
     return json_response({"status": "sleeping", "level": level})
 
 
 async def release_kv_cache_memory(request: web.Request) -> web.Response:
     """vLLM: needs a completed pause with no request held, and all memory resident."""
-    plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    plane, memory = request.app[ADMIN], request.app[MEMORY]
     urls = await plane.worker_urls()
     if not plane.paused:
         raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first")
-    if state.released:
+    if memory.released:
         raise fleet.Conflict("release_kv_cache_memory() requires all executor memory to be resident")
     await _check_can_release(plane, urls, "abort", need_cpu_backup=False)
     loads = await read_pending(plane, urls, fleet.READ_TIMEOUT_S)
@@ -199,7 +200,7 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
     if busy:
         raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first: requests are still "
                              f"held on {', '.join(busy)} (SGLang releases memory only when idle)")
-    await _release(plane, state, urls, ["kv_cache"], "release_kv_cache_memory")
+    await _release(plane, memory, urls, ["kv_cache"], "release_kv_cache_memory")
     return json_response({"status": "kv_cache_released"})
 
 
@@ -215,19 +216,17 @@ async def wake_up(request: web.Request) -> web.Response:
             raise InvalidRequest(f"tags must be among {', '.join(WAKE_TAGS)}, got {tag!r} (SGLang's cuda_graph "
                                  "memory comes back with kv_cache)", param="tags")
     async with plane.transaction():
-        return await _wake_up(plane, request.app[VLLM_RL], tags)
+        return await _wake_up(plane, request.app[VLLM_RL], request.app[MEMORY], tags)
 
 
-async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None) -> web.Response:
-    back = [tag for tag in SLEEP_TAGS if tag in state.released and (tags is None or tag in tags)]
+async def _wake_up(plane: AdminPlane, state: VllmRlState, memory: Memory, tags: list[str] | None) -> web.Response:
+    # SGLang's resume raises (KeyError, and its scheduler dies) for a tag it has not released: only these.
+    back = [native for tag in SLEEP_TAGS if tags is None or tag in tags
+            for native in SLEEP_TAGS[tag] if native in memory.released]
     urls = await plane.worker_urls()
     if back:
-        # SGLang's resume raises (KeyError, and its scheduler dies) for a tag it has not released: only these.
-        replies = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": _sglang_tags(back)},
-                                      plane.settings.weight_update_timeout_s, urls)
-        raise_for_failures("wake_up", replies)
-        state.released -= set(back)
-    fully_awake = not state.released
+        await memory_ops.resume(plane, memory, urls, back, "wake_up")
+    fully_awake = not memory.released
     if fully_awake and state.asleep:  # a /sleep paused it: resumed once all memory is resident (not a /pause)
         fleet.refuse_resume_while_held(plane, False)
         await fleet.resume_all(plane, urls, "wake_up: resume")
@@ -237,7 +236,7 @@ async def _wake_up(plane: AdminPlane, state: VllmRlState, tags: list[str] | None
 
 async def is_sleeping(request: web.Request) -> web.Response:
     state = request.app[VLLM_RL]
-    return json_response({"is_sleeping": state.asleep or bool(state.released)})
+    return json_response({"is_sleeping": state.asleep or bool(request.app[MEMORY].released)})
 
 
 async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need_cpu_backup: bool) -> None:
@@ -255,20 +254,12 @@ async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need
                 "--enable-weights-cpu-backup (SGLang would discard them, which is level 2)")
 
 
-async def _release(plane: AdminPlane, state: VllmRlState, urls: list[str], tags: list[str], action: str) -> None:
+async def _release(plane: AdminPlane, memory: Memory, urls: list[str], tags: list[str], action: str) -> None:
     """Only what is still resident: SGLang would pause a released region again (and stash freed weights), where
     vLLM's executor makes a second sleep a no-op."""
-    tags = [tag for tag in tags if tag not in state.released]
-    if not tags:
-        return
-    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": _sglang_tags(tags)},
-                                  plane.settings.weight_update_timeout_s, urls)
-    raise_for_failures(action, replies)
-    state.released |= set(tags)
-
-
-def _sglang_tags(tags: list[str]) -> list[str]:
-    return [native for tag in tags for native in SLEEP_TAGS[tag]]
+    natives = [native for tag in tags for native in SLEEP_TAGS[tag] if native not in memory.released]
+    if natives:
+        await memory_ops.release(plane, memory, urls, natives, action)
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
@@ -289,19 +280,6 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 
 # --- helpers -------------------------------------------------------------------------------------
 
-async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str) -> None:
-    """Until no worker runs or queues a request (/v1/loads), or 504."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        loads = await read_pending(plane, urls, fleet.READ_TIMEOUT_S)
-        busy = [r.url for r in loads if pending(r) != 0]
-        if not busy:
-            return
-        if time.monotonic() >= deadline:
-            raise BackendTimeout(f"{action}: requests still running on {', '.join(busy)} after {timeout_s:g} s")
-        await asyncio.sleep(IDLE_POLL_S)
-
-
 def _int_query(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     value = request.query.get(name)
     if value is None:
@@ -320,4 +298,5 @@ def add_vllm_rl_state(app: web.Application) -> None:
     """The state vLLM's routes share (their rows are in token_proxy/routes.py; /pause, /resume and
     /update_weights are admin/prime_rl.py's, both dialects)."""
     app[VLLM_RL] = VllmRlState()
+    add_memory_state(app)
 

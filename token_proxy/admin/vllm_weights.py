@@ -9,6 +9,7 @@ from aiohttp import web
 
 from token_proxy import checks as check
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
+from token_proxy.admin.labels import OpenUpdate
 from token_proxy.admin.vllm_rl import VLLM_RL, NotImplementedBySGLang, VllmRlState, require_group
 from token_proxy.errors import InvalidRequest
 from token_proxy.fleet import transaction as fleet
@@ -55,6 +56,7 @@ async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
 
 async def start_weight_update(request: web.Request) -> web.Response:
     require_group(request.app[ADMIN], "start_weight_update")
+    request.app[VLLM_RL].update.start(request.app[ADMIN])
     return json_response({"message": "Weight update started"})
 
 
@@ -73,6 +75,7 @@ async def update_weights(request: web.Request, body: dict) -> web.Response:
     async with plane.transaction():
         for meta in metas:
             await receive(plane, meta, "update_weights")
+    state.update.start(plane)  # every worker took it: a finish may label it (labels.py)
     return json_response({"message": "Weights updated"})
 
 
@@ -128,17 +131,19 @@ async def finish_weight_update(request: web.Request) -> web.Response:
     if version is not None and not isinstance(version, str):
         raise InvalidRequest(f"weight_version must be a string, got {version!r}", param="weight_version")
     async with plane.transaction():
-        await finish(plane, version, "finish_weight_update")
+        await finish(plane, request.app[VLLM_RL].update, version, "finish_weight_update")
     return json_response({"message": "Weight update finished"})
 
 
-async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
+async def finish(plane: AdminPlane, update: OpenUpdate, version: str | None, action: str) -> None:
     """Refused (409) while a failed receive holds the fleet: setting one version string on workers holding
-    different weights would end the hold on a lie. A successful receive since then lifts that."""
+    different weights would end the hold on a lie. A successful receive since then lifts that. Refused (409)
+    too when no update is open, or the open one failed (labels.py)."""
     if plane.hold is not None and not plane.hold.get("received"):
         raise fleet.Conflict(f"{action}: the workers are held paused after a failed weight update "
                              f"({plane.hold['message']}); send the weights again (every worker must receive "
                              "them) before finishing, or POST /resume?force=true to serve anyway")
+    update.refuse_finish(plane, action)
     urls = await plane.worker_urls()
     if version is not None:
         # SGLang's abort_all_requests defaults to true (every release in bench/sglang_versions.json): the
@@ -154,6 +159,7 @@ async def finish(plane: AdminPlane, version: str | None, action: str) -> None:
         await fleet.recover(plane, urls, stand_ins, action, every_worker_changed=True, expected=version)
     plane.record_version(version or versions[urls[0]])
     plane.hold = None
+    update.finish()
     await flush_or_owe(plane, urls)
 
 
@@ -231,16 +237,19 @@ async def collective_rpc(request: web.Request) -> web.Response:
     if method not in SKYRL_RPC:
         raise NotImplementedBySGLang(f"collective_rpc {method!r}: SGLang has no collective_rpc (it runs no vLLM "
                                      f"worker extension); only {', '.join(SKYRL_RPC)} are mapped")
+    update = request.app[VLLM_RL].update
     if method == "skyrl_start_weight_update":
         require_group(plane, method)
+        update.start(plane)
     elif method == "update_weights_nccl":
         meta = _meta(request.app[VLLM_RL], json_object(kwargs.get("update_info"), "kwargs.update_info"))
         require_group(plane, method)
         async with plane.transaction():
             await receive(plane, meta, method)
+        update.start(plane)
     else:
         async with plane.transaction():
-            await finish(plane, None, method)
+            await finish(plane, update, None, method)
     return json_response({"results": [None] * len(await plane.worker_urls())})
 
 

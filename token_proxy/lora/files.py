@@ -53,7 +53,7 @@ def not_found(name: str, path: str) -> NotFound:
 def checked_path(name: str, value, settings) -> str:
     """The path is a non-empty string, inside --weight-dir roots when set, and (when it looks local
     and the proxy may check paths) a directory holding a config and weights."""
-    path = check.text(value, "lora_path")
+    path = check.path(value, "lora_path")
     if settings.weight_dirs:
         if not check.looks_local(path):
             raise InvalidRequest("lora_path must be a path under the allowed weight directories, not a hub id",

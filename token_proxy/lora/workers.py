@@ -23,21 +23,27 @@ SHORT_TIMEOUT_S = 10.0
 # SGLang's words for "no such adapter files on this worker" (a Hub lookup when the path is no directory).
 _MISSING_FILES = ("No such file or directory", "Repo id must be", "Repository Not Found", "is not a directory",
                   "cached snapshot")  # the last: HF_HUB_OFFLINE with a hub-id-like path
-_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
+_TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
 
 
 class AdapterCallFailed(ProxyError):
     """A load or unload failed on some workers; the message names each with SGLang's words.
     Status as vLLM's: 400 a refusal, 404 files missing there, 500 a worker failed or was unreachable
-    (prime-rl retries 404 and 500)."""
+    (prime-rl retries 404 and 500, not 503); 503 with Retry-After when every failed worker answered SGLang's
+    503 (restarting or starting)."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message, param="lora_path" if status in (400, 404) else None)
         self.status = status
         self.type = _TYPES.get(status, "InternalServerError")
 
+    def headers(self) -> dict | None:
+        return {"Retry-After": "1"} if self.status == 503 else None
+
 
 def _reply_status(reply: WorkerReply) -> int:
+    if reply.error is None and reply.status == 503:
+        return 503  # SGLang answers 503 while it restarts or starts (its /health too): retrying helps
     if reply.error is not None or reply.status >= 500:
         return 500
     return 404 if any(words in reply.message for words in _MISSING_FILES) else 400
@@ -48,7 +54,7 @@ def raise_for_workers(action: str, replies: list[WorkerReply]) -> None:
     if not failed:
         return
     statuses = [_reply_status(r) for r in failed]
-    status = 400 if 400 in statuses else 404 if 404 in statuses else 500
+    status = 400 if 400 in statuses else 404 if 404 in statuses else 503 if set(statuses) == {503} else 500
     details = "; ".join(f"{r.url}: {r.status or 'unreachable'} {r.message}" for r in failed)
     raise AdapterCallFailed(status, f"{action} failed on {len(failed)} of {len(replies)} worker(s): {details}")
 

@@ -8,6 +8,11 @@ aborted on the way out, as for a client that leaves) and answers in a way a clie
 - a reply not started yet: 503 with Retry-After and OpenAI's error body;
 - an SSE stream already open: an error event, then `data: [DONE]`.
 
+The same holds for SGLang's own data routes reached through the pass-through (native /generate, whole and
+streamed; /health_generate, /ping): admin/forward.py notes the reply it relays (PASSED_THROUGH), whose
+stream it writes whole events only, so the error event follows the last whole event. Admin routes (a
+weight update, a forwarded admin call) are not cut: stopping one midway would leave the workers apart.
+
 aiohttp's own shutdown timeout is this one plus SERVER_GRACE_S, a backstop only: the handlers end at
 the deadline, so the process exits within about the timeout.
 """
@@ -21,8 +26,9 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable
-from token_proxy.http_io import DONE, SSE_RESPONSE, route_of, sse_frames
+from token_proxy.http_io import DONE, PASSED_THROUGH, SSE_RESPONSE, route_of, sse_frames
 from token_proxy.pipeline.request_state import stats_of
+from token_proxy.route_row import ADMIN
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +80,8 @@ async def _begin(app: web.Application) -> None:
 async def drain_deadline(request: web.Request, handler):
     drain = request.app.get(DRAIN)
     route = route_of(request.app, request.path)
-    if drain is None or route is None or route.worker != LOCAL:
-        # The admin plane's replies (forwarded, passed through) stream what another server sends: cut.
+    if drain is None or not _drained(route):
+        # The admin plane's calls (forwarded, or passed through to an admin route): never cut midway.
         return await handler(request)
     task = asyncio.current_task()
     drain.running.add(task)
@@ -92,8 +98,20 @@ async def drain_deadline(request: web.Request, handler):
         drain.cut.discard(task)
 
 
+def _drained(route) -> bool:
+    """This process's own handlers, and SGLang's data routes through the pass-through (no handler of ours)."""
+    return route is not None and (route.worker == LOCAL or (route.handler is None and route.kind != ADMIN))
+
+
 async def _answer(request: web.Request, error: BackendUnavailable) -> web.StreamResponse:
-    """The data plane's handlers answer whole (prepared after they return) or open an SSE stream."""
+    """The data plane's handlers answer whole (prepared after they return) or open an SSE stream; the
+    pass-through relays SGLang's reply, and once that began only an SSE stream can still say why it ends."""
+    passed = request.get(PASSED_THROUGH)
+    if passed is not None and passed.prepared:
+        if passed.content_type == "text/event-stream":
+            await passed.write(sse_frames([error.body()]) + DONE)
+        await passed.write_eof()
+        return passed
     stream = request.get(SSE_RESPONSE)
     if stream is None:
         return web.Response(status=error.status, body=orjson.dumps(error.body()), content_type="application/json",

@@ -6,7 +6,8 @@
 - POST /_internal/news {"process", "seen", "dropped", "wait"}: a worker's long-poll for the served name and
   the finished sessions (owner_news.py);
 - POST /_internal/fleet_versions {"seen", "wait"}: the fleet's weight-version record once it differs from
-  `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check.
+  `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check;
+- GET /_internal/ready: whether the owner is connected to SGLang (a worker's /health waits for it).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ async def fleet_versions(request: web.Request) -> web.Response:
     return json_response({"seq": plane.changes, **plane.version_record().as_dict()})
 
 
+async def owner_ready(request: web.Request) -> web.Response:
+    """A worker's /health asks: is the owner connected to SGLang (every OWNER row can be served)?"""
+    reason = request.app[CONTEXT].not_ready_reason
+    return json_response({"ready": reason is None, "reason": reason}, 200 if reason is None else 503)
+
+
 async def owner_metrics(request: web.Request) -> web.Response:
     return web.Response(body=await render_owner_block(request.app), content_type="text/plain")
 
@@ -70,6 +77,7 @@ CONTROL_ROUTES = (
     Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, worker=OWNER),
     Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/ready", ("GET",), owner_ready, ADMIN, dialect=INTERNAL, worker=OWNER),
 )
 
 

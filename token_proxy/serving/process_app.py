@@ -23,7 +23,7 @@ from token_proxy.ops.access_log import WORKER_INDEX
 from token_proxy.ops.exposition import EXTRA_METRICS
 from token_proxy.role import ROLE
 from token_proxy.route_row import OWNER
-from token_proxy.routes import ROUTES, add_rows
+from token_proxy.routes import OWNER_NOT_READY, ROUTES, add_rows
 from token_proxy.serving.fleet_mirror import FleetMirror
 from token_proxy.serving.metrics_block import CONTROL_SESSION, fetch_owner_block
 from token_proxy.serving.owner_news import NewsFollower
@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                   "transfer-encoding", "upgrade", "host", "content-length"})
 CONNECT_TIMEOUT_S = 5.0
+OWNER_READY_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 
 
 async def forward_to_owner(request: web.Request) -> web.StreamResponse:
@@ -80,6 +81,26 @@ class RemoteLora:
             return (await resp.json()).get("loaded", 0) if resp.status == 200 else 0
 
 
+class OwnerReadiness:
+    """routes.OWNER_NOT_READY for a data-plane process: asks the owner until it has once said ready (it
+    connects once; a later loss of SGLang shows in this process's own check of SGLang)."""
+
+    def __init__(self, session: aiohttp.ClientSession):
+        self.session = session
+        self.ready = False
+
+    async def __call__(self) -> str | None:
+        if self.ready:
+            return None
+        try:
+            async with self.session.get("http://owner/_internal/ready", timeout=OWNER_READY_TIMEOUT) as resp:
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+            return f"the proxy's admin process does not answer yet ({exc or type(exc).__name__})"
+        self.ready = resp.status == 200
+        return None if self.ready else f"the proxy's admin process is not ready: {body.get('reason')}"
+
+
 def add_worker_plane(app: web.Application) -> None:
     """In place of routes.add_admin_plane: the route table's OWNER rows, each forwarded, then the catch-all."""
     add_rows(app, [route for route in ROUTES if route.worker == OWNER], handler=forward_to_owner)
@@ -94,6 +115,7 @@ async def _worker_state(app: web.Application):
     connector = aiohttp.UnixConnector(path=role.control_socket, limit=0)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         app[CONTROL_SESSION] = session
+        app[OWNER_NOT_READY] = OwnerReadiness(session)
         app[EXTRA_METRICS] = fetch_owner_block
         registry = app[ADAPTERS] = AdapterRegistry()
         reloads = app[LORA] = RemoteLora(session)

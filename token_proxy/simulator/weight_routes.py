@@ -40,6 +40,7 @@ NO_SESSION = "{} must run between begin_weight_update() and end_weight_update()"
 SESSION_OPEN = "a weight-update session is already open; call end_weight_update() first"
 NO_SESSION_TO_END = "no weight-update session is open; call begin_weight_update() first"
 SESSION_SINCE = "0.5.21"
+IDLE_IGNORES_WAITING_SINCE = "0.5.21"  # scheduler_components/weight_updater.py: is_fully_idle(ignore_waiting=...)
 PARTIAL: web.RequestKey[dict] = web.RequestKey("sim_partial_fault", dict)  # set by rl_routes.py's `partial` fault
 
 
@@ -205,10 +206,19 @@ async def get_weights_by_name(request: web.Request) -> web.Response:
 
 async def release_memory_occupation(request: web.Request) -> web.Response:
     body = await _body(request, (1464, "release_memory_occupation"), allow_empty=True)
-    if request.app[SIM_STATE].running:  # the scheduler asserts is_fully_idle() and the server dies
+    if not _fully_idle(request.app[SIM_STATE]):  # the scheduler asserts is_fully_idle(): the server dies
         return crash_scheduler(request.app[SIM_STATE])
     _weights(request).released |= set(body.get("tags") or ALL_MEMORY_TAGS)
     return json_response(None)  # FastAPI's reply for a handler that returns None
+
+
+def _fully_idle(sim: SimState) -> bool:
+    """The scheduler's is_fully_idle() as release_memory_occupation asks it: nothing running and nothing
+    waiting (0.5.17-0.5.20); since 0.5.21 a paused engine's waiting queue is ignored (ignore_waiting=
+    scheduler._engine_paused), so requests queued behind a pause do not count, a running one still does."""
+    if sim.paused and sim.config.since(IDLE_IGNORES_WAITING_SINCE):
+        return sim.active == 0
+    return not sim.running
 
 
 async def resume_memory_occupation(request: web.Request) -> web.Response:
