@@ -21,7 +21,7 @@ class LayoutError(ValueError):
     """The trainer's group cannot be mapped onto the SGLang GPUs this bridge serves."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # pickled to the receiver processes (slots break that on 3.10)
 class Gpu:
     """One SGLang TP rank: its worker's URL, its TP rank, the physical GPU it runs on (and that GPU's UUID)."""
 
@@ -31,7 +31,7 @@ class Gpu:
     uuid: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # pickled to the receiver processes (slots break that on 3.10)
 class Receiver:
     """One receiving rank: its rank in the trainer's group, the GPU it receives on, the TP ranks it feeds."""
 

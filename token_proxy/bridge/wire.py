@@ -40,7 +40,7 @@ class WireError(ValueError):
     """The trainer's stream (or its metadata) is not what the dialect allows."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # pickled to the receiver processes (slots break that on 3.10)
 class TensorMeta:
     name: str
     dtype: str
