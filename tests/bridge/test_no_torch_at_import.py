@@ -12,5 +12,5 @@ def test_bridge_modules_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"  # an import of torch now raises ImportError
             + "".join(f"import token_proxy.bridge.{m}\n" for m in modules)
             + "print('ok')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
