@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from token_proxy.bridge.layout import Gpu, LayoutError, Receiver, plan_receivers, split_group
+from token_proxy.bridge.layout import Gpu, LayoutError, Receiver, plan_receivers
 
 A0, A1 = Gpu("http://a", 0, 0), Gpu("http://a", 1, 1)
 B0, B1 = Gpu("http://b", 0, 2), Gpu("http://b", 1, 3)
@@ -34,10 +34,3 @@ def test_refusals(kwargs, message):
 def test_two_ranks_on_one_gpu_are_refused():
     with pytest.raises(LayoutError, match="GPU 0 is used by http://a and http://b"):
         plan_receivers([A0, Gpu("http://b", 0, 0)], world_size=3, rank_offset=1, ranks=2)
-
-
-def test_split_group_across_bridges():
-    assert split_group(5, 1, [(2, 1), (2, 1)]) == [(1, 2), (3, 2)]  # one per GPU
-    assert split_group(3, 1, [(2, 1), (2, 1)]) == [(1, 1), (2, 1)]  # one per worker
-    with pytest.raises(LayoutError, match="has 2 inference rank\\(s\\).*size it to 3 \\(one rank per GPU\\) or 1"):
-        split_group(3, 1, [(2, 1), (1, 0)])

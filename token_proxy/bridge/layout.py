@@ -74,21 +74,3 @@ def _by_worker(gpus: Sequence[Gpu]) -> list[list[Gpu]]:
     for tps in order.values():
         tps.sort(key=lambda g: g.tp_rank)
     return list(order.values())
-
-
-def split_group(world_size: int, first_rank: int, bridges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The proxy's side: each bridge's (rank_offset, ranks) from its (gpus, workers), in bridge order. All
-    bridges take one rank per GPU, or all one per worker; the trainer's group must be exactly that large."""
-    inference = world_size - first_rank
-    for pick in (0, 1):
-        sizes = [b[pick] for b in bridges]
-        if sum(sizes) == inference:
-            offsets, rank = [], first_rank
-            for n in sizes:
-                offsets.append((rank, n))
-                rank += n
-            return offsets
-    gpus, workers = sum(b[0] for b in bridges), sum(b[1] for b in bridges)
-    raise LayoutError(f"the trainer's group has {inference} inference rank(s) (world {world_size}, first rank "
-                      f"{first_rank}), but the bridges serve {gpus} SGLang GPU(s) on {workers} worker(s): "
-                      f"size it to {gpus} (one rank per GPU) or {workers} (one per worker)")
