@@ -8,6 +8,7 @@ Run it beside the SGLang workers of this node, in an environment whose torch (he
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from aiohttp import web
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         sys.exit("the bridge needs torch: pip install 'sglang-token-proxy[bridge]' with the trainer's torch version")
     settings = BridgeSettings(workers, tuple(args.nccl_env), args.load_timeout)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     web.run_app(create_bridge_app(settings), host=args.host, port=args.port)
 
 

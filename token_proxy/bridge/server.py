@@ -17,6 +17,7 @@ the environment it is given).
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import tempfile
 import time
@@ -32,6 +33,8 @@ from token_proxy.bridge.layout import Gpu, LayoutError, Receiver, plan_receivers
 from token_proxy.bridge.nccl import JoinSpec
 from token_proxy.bridge.receiver import PushSpec, serve
 from token_proxy.bridge.wire import WireError, metas_from_update_info
+
+log = logging.getLogger(__name__)
 
 DIALECTS = ("primerl", "vllm")
 
@@ -190,6 +193,9 @@ async def push(request: web.Request) -> web.Response:
         started = time.perf_counter()
         result = await _run_push(bridge, spec, float(body.get("timeout_s") or bridge.settings.load_timeout_s))
     result["seconds"] = round(time.perf_counter() - started, 4)
+    log.info("push (%s): %d bucket(s), %d tensor(s), %.3f GiB in %.3f s, of which %.3f s waiting for SGLang's "
+             "loads; errors: %s", dialect, result["buckets"], result["tensors"], result["bytes"] / (1 << 30),
+             result["seconds"], result["load_s"], result["errors"] or "none")
     return web.json_response(result, status=200 if result["ok"] else 502)
 
 
@@ -215,6 +221,7 @@ async def _run_push(bridge: Bridge, spec: PushSpec, timeout_s: float) -> dict:
     errors: list[dict] = []
     live = list(bridge.ranks)
     refused = False
+    load_s = 0.0
     while live:
         messages = await asyncio.gather(*(_recv(r, timeout_s) for r in live))
         finished = [(r, m) for r, m in zip(live, messages) if m[0] != "bucket"]
@@ -225,7 +232,9 @@ async def _run_push(bridge: Bridge, spec: PushSpec, timeout_s: float) -> dict:
         buckets = [(r, m) for r, m in zip(live, messages) if m[0] == "bucket"]
         if not buckets:
             continue
+        t0 = time.perf_counter()
         ok, refusals = await _load(bridge, buckets, timeout_s, skip=refused or bool(errors))
+        load_s += time.perf_counter() - t0
         refused = refused or not ok
         errors += refusals
         totals["buckets"] = max(totals["buckets"], buckets[0][1][1] + 1)
@@ -235,7 +244,7 @@ async def _run_push(bridge: Bridge, spec: PushSpec, timeout_s: float) -> dict:
             rank.conn.send(("ack", message[1], ok, refusals[0]["message"] if refusals else ""))
     if errors:
         await _leave_if_torn(bridge, errors)
-    return {"ok": not errors, **totals, "errors": errors}
+    return {"ok": not errors, **totals, "load_s": round(load_s, 4), "errors": errors}
 
 
 async def _load(bridge: Bridge, buckets: Sequence[tuple[Rank, tuple]], timeout_s: float, skip: bool,
