@@ -52,3 +52,18 @@ def test_an_unaligned_tensor_is_copied_into_its_own_buffer():
     assert view.dtype == torch.bfloat16
     assert as_bytes(view) == bytes([1, 2, 3, 4])
     assert view.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+
+
+def test_ipc_payload_is_a_forking_pickle_of_the_named_tensors():
+    """The payload's shape as SGLang's MultiprocessingSerializer reads it: base64 of a ForkingPickler pickle of
+    [(name, tensor)]. On CPU torch shares the storage through a file descriptor; the CUDA path (the UUID at
+    the rebuild's device argument) is the GPU round's."""
+    import base64
+    import pickle
+
+    from token_proxy.bridge.handoff import ipc_payload
+
+    t = torch.arange(6, dtype=torch.bfloat16).view(2, 3)
+    (name, back), = pickle.loads(base64.b64decode(ipc_payload([("w", t[1:])], "GPU-0")))
+    assert name == "w"
+    assert torch.equal(back, t[1:])
