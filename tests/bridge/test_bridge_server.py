@@ -158,6 +158,7 @@ async def test_a_receiver_that_dies_mid_push_is_reported_and_the_group_dropped(a
     ("/bridge/join", {**JOIN, "dialect": "vllm", "world_size": 3, "ranks": 2}, "ranks",
      "gives this bridge 2 rank(s), but it serves 1 SGLang GPU(s)"),
     ("/bridge/join", {**JOIN, "dialect": "vllm", "port": "x"}, "port", "port must be an integer"),
+    ("/bridge/join", {**JOIN, "dialect": "vllm", "timeout_s": "x"}, "timeout_s", "positive number of seconds"),
     ("/bridge/push", {"dialect": "vllm", "update_info": {"names": ["a"]}}, "update_info", "differ in length"),
 ])
 async def test_bad_requests_name_the_param(aiohttp_client, sglang, path, body, param, message):

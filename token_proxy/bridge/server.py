@@ -97,6 +97,13 @@ def _int(body: dict, key: str, default: int | None = None) -> int:
     return value
 
 
+def _seconds(body: dict, default: float) -> float:
+    value = body.get("timeout_s", default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise BadRequest("timeout_s must be a positive number of seconds", "timeout_s")
+    return float(value)
+
+
 def _dialect(body: dict) -> str:
     dialect = body.get("dialect")
     if dialect not in DIALECTS:
@@ -117,16 +124,15 @@ async def join(request: web.Request) -> web.Response:
     if not isinstance(host, str) or not host:
         raise BadRequest("host must be the trainer's address", "host")
     world, offset, count = _int(body, "world_size"), _int(body, "rank_offset"), _int(body, "ranks")
-    timeout_s = float(body.get("timeout_s") or 300)
+    port, dialect, timeout_s = _int(body, "port"), _dialect(body), _seconds(body, 300.0)
     try:
         plan = plan_receivers(bridge.gpus, world_size=world, rank_offset=offset, ranks=count)
     except LayoutError as exc:
         raise BadRequest(str(exc), "ranks") from None
-    async with bridge.lock:
+    async with bridge.lock:  # a new init replaces the old group (the trainer restarted, or a push tore it)
         await _leave(bridge)
-        bridge.dialect, bridge.last_metas = _dialect(body), ()
+        bridge.dialect, bridge.last_metas = dialect, ()
         env = dict(bridge.settings.nccl_env)
-        port = _int(body, "port")
         start = bridge.spawn or _spawn
         bridge.ranks = [start(r, JoinSpec(host, port, world, r.rank, r.gpu, timeout_s), env, bridge.log_dir,
                               bridge.dialect) for r in plan]
@@ -191,7 +197,7 @@ async def push(request: web.Request) -> web.Response:
         if dialect != bridge.dialect:
             raise BadRequest(f"the group was joined for {bridge.dialect}, not {dialect}", "dialect")
         started = time.perf_counter()
-        result = await _run_push(bridge, spec, float(body.get("timeout_s") or bridge.settings.load_timeout_s))
+        result = await _run_push(bridge, spec, _seconds(body, bridge.settings.load_timeout_s))
     result["seconds"] = round(time.perf_counter() - started, 4)
     log.info("push (%s): %d bucket(s), %d tensor(s), %.3f GiB in %.3f s, of which %.3f s waiting for SGLang's "
              "loads; errors: %s", dialect, result["buckets"], result["tensors"], result["bytes"] / (1 << 30),
