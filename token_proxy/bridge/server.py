@@ -139,8 +139,10 @@ async def join(request: web.Request) -> web.Response:
         replies = await asyncio.gather(*(_recv(r, timeout_s + 60) for r in bridge.ranks))
         failed = [m[1] for m in replies if m[0] != "joined"]
         if failed:
+            log.error("join failed: %s", "; ".join(failed))
             await _leave(bridge)
             return web.json_response({"ok": False, "errors": failed}, status=502)
+    log.info("joined the trainer's group at %s:%d (%s): %s", host, port, dialect, [m[1] for m in replies])
     return web.json_response({"ok": True, "ranks": [m[1] for m in replies]})
 
 
