@@ -157,6 +157,9 @@ FLAG_GROUPS = (
         ("--weight-update-timeout", "weight_update_timeout_s", float, "seconds one weight load may take"),
         ("--init-group-timeout", "init_group_timeout_s", float, ("seconds joining a weight-update group may "
          "take")),
+        ("--weight-bridge", "weight_bridges", url_list, ("bridge mode: the weight bridges (python -m "
+         "token_proxy.bridge, one per inference node, comma-separated) a prime-rl or vLLM trainer's own NCCL "
+         "sender pushes through, unmodified")),
         ("--fence-interval", "fence_interval_s", float, ("seconds between reads of every worker's weight "
          "version: one that restarted or differs from the fleet's is kept out until healed (0: off)")),
         ("--fleet-controller", "fleet_controller", str, ("follow the proxy at this URL, which controls the "

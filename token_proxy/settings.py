@@ -72,6 +72,9 @@ class Settings:
     admin_timeout_s: float = 300.0
     weight_update_timeout_s: float = 720.0
     init_group_timeout_s: float = 300.0
+    # Bridge mode (admin/bridge_mode.py): the weight bridges (python -m token_proxy.bridge) the trainer's own NCCL
+    # sender pushes through; empty: the trainer joins SGLang's group (token_proxy.broadcast).
+    weight_bridges: tuple[str, ...] = ()
     # The fence (fleet/fence.py): how often every worker's /model_info weight version is read, to keep a
     # worker that restarted or drifted from the fleet's version out until it is healed (0: off); and how
     # many times a reply on weights the fleet does not serve is sent (pipeline/reply_check.py; 0: off).

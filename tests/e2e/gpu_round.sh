@@ -19,13 +19,21 @@
 #                 $OUT/NAME.json, table to $OUT/NAME.md, stopped after SECONDS (default 540)
 #   fleet-start, fleet   4 GPUs: trainer on GPU 0, SGLang on GPUs 1-2 behind sglang-router, the proxy in front;
 #                 bench/fleet_round.py's phases under rollout load -> $OUT/fleet.md, fleet.json (fleet_round.sh)
+#   bridge        plain server on GPU 0: tests/e2e/test_live_bridge.py (issue 38): the IPC hand-off on one GPU; with
+#                 E2E_TRAINER_GPU=1 (two GPUs) the trainer's pushes through proxy + bridge in both dialects, under
+#                 rollouts, default and socket transports, then the drills (~6 min). Also expects, from the dev machine
+#                 (tests/bridge/record_streams.py's docstring): .gpu/primerl/prime_rl/... (prime-rl@559b447's
+#                 transports/weights/nccl.py and trainer/conversion_utils.py) and .gpu/vllm033/vllm/distributed/
+#                 weight_transfer/packed_tensor.py (vllm 0.33.0): the senders' own framing code
+#   bench-bridge  plain server on GPU 0, trainer on GPU 1: bench/bench_bridge.py (>= 1 GiB through the bridge and
+#                 through token_proxy.broadcast, side by side) -> $OUT/bridge-bench.md
 #   rhythm        plain server: bench/chaos.py --rhythm, 24 bursts of 256 chats (6,144) through one proxy
 #                 worker, idle gaps sweeping 4.5-6 s across SGLang's 5 s keep-alive; lost must be 0 (~4 min)
 set -u
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/gpu-round}; mkdir -p "$OUT"
 T0=$(date +%s); log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-mode=${1:?e2e|sleep|bench-stream|bench-nonstream|bench|rhythm|fleet-start|fleet}
+mode=${1:?e2e|sleep|bench-stream|bench-nonstream|bench|rhythm|bridge|bench-bridge|fleet-start|fleet}
 # fleet-start, fleet: the 4-GPU fleet round (issue 28) in two calls; tests/e2e/fleet_round.sh says what each carries
 case "$mode" in fleet-start|fleet) exec bash tests/e2e/fleet_round.sh "$@" ;; esac
 
@@ -39,7 +47,7 @@ case "$mode" in
   e2e) kind=lora; args="--enable-lora --max-lora-rank 8 --lora-target-modules q_proj k_proj v_proj o_proj
          --max-loras-per-batch 4 --constrained-json-disable-any-whitespace --incremental-streaming-output" ;;
   sleep) kind=saver; args="--enable-memory-saver --enable-weights-cpu-backup --incremental-streaming-output" ;;
-  bench|bench-*|rhythm) kind=plain; args="--incremental-streaming-output" ;;
+  bench|bench-*|rhythm|bridge) kind=plain; args="--incremental-streaming-output" ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
 if [ "$(cat /tmp/sglang.kind 2>/dev/null)" != "$kind" ] && [ -f /tmp/sglang.pid ]; then
@@ -70,6 +78,13 @@ case "$mode" in
     what=tests/e2e; [ "$mode" = sleep ] && what=tests/e2e/test_live_sleep.py
     SGLANG_URL=http://127.0.0.1:30000 timeout 480 python3 -m pytest -q "$what" -m gpu -p no:cacheprovider -rs 2>&1 \
       | tee "$OUT/$mode.log" | tail -40 ;;
+  bridge)
+    PRIMERL_SRC=$PWD/.gpu/primerl VLLM_SRC=$PWD/.gpu/vllm033 E2E_TRAINER_GPU=${E2E_TRAINER_GPU:-} \
+      SGLANG_URL=http://127.0.0.1:30000 timeout 540 python3 -m pytest -q tests/e2e/test_live_bridge.py -m gpu \
+      -p no:cacheprovider -rs -s 2>&1 | tee "$OUT/bridge.log" | tail -80 ;;
+  bench-bridge)
+    timeout 540 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \
+      --gib "${BRIDGE_GIB:-1}" --rounds 3 2>&1 | tee "$OUT/bridge-bench.md" | tail -40 ;;
   bench-*)
     stream=${mode#bench-}
     # shellcheck disable=SC2086

@@ -14,7 +14,7 @@ from pathlib import Path
 from aiohttp import web
 
 from token_proxy import checks as check
-from token_proxy.admin import vllm_rl, vllm_weights
+from token_proxy.admin import bridge_mode, vllm_rl, vllm_weights
 from token_proxy.admin.forward import group_bodies, note_group
 from token_proxy.errors import BackendTimeout, InvalidRequest, ProxyError
 from token_proxy.fleet import transaction as fleet
@@ -24,7 +24,7 @@ from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.routes import add_lora_admin
 from token_proxy.sglang.pause import PRIME_RL, to_sglang
 from token_proxy.sglang.workers import WORKERS, WorkerFailed, WorkerReply, raise_for_failures
-from token_proxy.state import CONTEXT
+from token_proxy.state import CONTEXT, SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,10 @@ async def update_weights(request: web.Request) -> web.Response:
     if vllm_rl.is_vllm_update(body):
         return await vllm_weights.update_weights(request, body)
     weight_dir = body.get("weight_dir")
-    if weight_dir is None or _is_nccl_marker_dir(plane, weight_dir):
+    nccl = weight_dir is None or _is_nccl_marker_dir(plane, weight_dir)
+    if bridge_mode.enabled(request.app) and (nccl or bridge_mode.GROUP in plane.live_groups):
+        return await _bridge_step(plane, request.app, weight_dir)
+    if nccl:
         return await _nccl_step(plane)
     path = check.local_dir(weight_dir, "weight_dir", plane.settings)
     version = str(body.get("weight_version") or _next_version(plane, path))
@@ -97,6 +100,16 @@ async def _nccl_step(plane: AdminPlane) -> web.Response:
     if not step.ok:
         raise WorkerFailed(step.status, f"update_weights (NCCL) failed: {step.message}")
     return json_response({"status": "ok", "weight_version": step.version})
+
+
+async def _bridge_step(plane: AdminPlane, app: web.Application, weight_dir) -> web.Response:
+    """Bridge mode: prime-rl's push (its weight_dir only names the step: the weights come over NCCL, through
+    the bridges), then the version (step N) and the flush, as any update."""
+    version = _next_version(plane, weight_dir if isinstance(weight_dir, str) else "")
+    async with plane.transaction():
+        await bridge_mode.push(plane, app, "update_weights (weight bridge)")
+        await vllm_weights.finish(plane, version, "update_weights (weight bridge)")
+    return json_response({"status": "ok", "weight_version": version})
 
 
 def _verify_checksum(body: dict) -> bool:
@@ -148,6 +161,10 @@ async def init_broadcaster(request: web.Request) -> web.Response:
     check.host(body.get("host"), "host")  # prime-rl's names, checked before they become SGLang's
     check.port(body.get("port"), "port")
     timeout_s = check.seconds(body.get("timeout"), "timeout", plane.settings.init_group_timeout_s)
+    if bridge_mode.enabled(request.app):  # prime-rl's receiving ranks: rank_offset + 1 .. in a world of W + 1
+        await bridge_mode.join(plane, request.app, "primerl", {"host": body["host"], "port": body["port"]},
+                               inference_world_size + 1, rank_offset + 1, timeout_s)
+        return json_response({"status": "ok"})
     native = {"master_address": body.get("host"), "master_port": body.get("port"),
               "rank_offset": rank_offset + 1, "world_size": inference_world_size + 1,
               "group_name": body.get("group_name", "weight_update_group"), "backend": body.get("backend", "nccl")}
@@ -182,6 +199,7 @@ def add_admin_state(app: web.Application) -> None:
     """What the admin plane's routes (routes.py's rows: prime-rl's, vLLM's, LoRA's, SGLang's) use:
     the worker fan-out, then the LoRA admin on top of it, and the vLLM dialect's state."""
     app.cleanup_ctx.append(_admin_plane)
+    bridge_mode.add_bridge_mode(app, app[SETTINGS].weight_bridges)
     vllm_rl.add_vllm_rl_state(app)
     add_lora_admin(app)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from token_proxy import checks as check
+from token_proxy.admin import bridge_mode
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
 from token_proxy.admin.labels import OpenUpdate
 from token_proxy.admin.vllm_rl import VLLM_RL, NotImplementedBySGLang, VllmRlState, require_group
@@ -31,6 +32,8 @@ async def init_weight_transfer_engine(request: web.Request) -> web.Response:
         raise NotImplementedBySGLang("init_info.nccl_unique_id_b64: SGLang's init_weights_update_group joins "
                                      "through a torch.distributed TCP rendezvous (master_address, master_port), not "
                                      "a pre-minted ncclUniqueId")
+    if bridge_mode.enabled(request.app):
+        return await _bridge_init(plane, request.app, info)
     _refuse_packed(info, "init_info")
     native = {"master_address": info.get("master_address"), "master_port": info.get("master_port"),
               "rank_offset": info.get("rank_offset", 1), "world_size": info.get("world_size"),
@@ -45,8 +48,28 @@ async def init_weight_transfer_engine(request: web.Request) -> web.Response:
     return json_response({"message": "Weight transfer initialized"})
 
 
+async def _bridge_init(plane: AdminPlane, app: web.Application, info: dict) -> web.Response:
+    """Bridge mode: the bridges join as vLLM's workers would (ranks rank_offset .. world_size - 1), and keep
+    the trainer's packed geometry to cut its chunks as vLLM's consumer does."""
+    check.host(info.get("master_address"), "init_info.master_address")
+    check.port(info.get("master_port"), "init_info.master_port")
+    check.integer(info.get("world_size"), "init_info.world_size", 2)
+    check.integer(info.get("rank_offset", 1), "init_info.rank_offset", 1)
+    mode = app[bridge_mode.BRIDGES]
+    mode.packed = bool(info.get("packed", False))  # vLLM's worker-side default; the trainer ships its own
+    mode.buffer_size_bytes = info.get("packed_buffer_size_bytes", 1 << 30)
+    check.integer(mode.buffer_size_bytes, "init_info.packed_buffer_size_bytes", 1)
+    trainer = {"host": info["master_address"], "port": info["master_port"]}
+    await bridge_mode.join(plane, app, "vllm", trainer, info["world_size"], info.get("rank_offset", 1),
+                           plane.settings.init_group_timeout_s)
+    return json_response({"message": "Weight transfer initialized"})
+
+
 async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
+    if bridge_mode.enabled(request.app):
+        await bridge_mode.leave(plane, request.app)
+        return json_response({"message": "Weight transfer shut down"})
     replies = await plane.fan_out("POST", "/destroy_weights_update_group", {"group_name": GROUP},
                                   plane.settings.admin_timeout_s)
     note_group_gone(plane, {"group_name": GROUP}, replies)
@@ -69,6 +92,11 @@ async def update_weights(request: web.Request, body: dict) -> web.Response:
     """vLLM's /update_weights (routes.py hands it over): each update_info is one broadcast from rank 0,
     received by every worker through /update_weights_from_distributed while this call is open."""
     plane, state = request.app[ADMIN], request.app[VLLM_RL]
+    if bridge_mode.enabled(request.app):  # one push: the trainer's whole model, decoded by the bridges
+        info = json_object(body["update_info"], "update_info")
+        async with plane.transaction():
+            await bridge_mode.push(plane, request.app, "update_weights (weight bridge)", info)
+        return json_response({"message": "Weights updated"})
     infos = body["update_info"] if isinstance(body["update_info"], list) else [body["update_info"]]
     metas = [_meta(state, json_object(info, "update_info")) for info in infos]
     require_group(plane, "update_weights")

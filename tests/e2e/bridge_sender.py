@@ -1,0 +1,220 @@
+"""A trainer for the bridge's GPU round (tests/e2e/test_live_bridge.py), on its own GPU: it opens the group as a vLLM
+or prime-rl trainer does and pushes a checkpoint's tensors in either dialect.
+
+    python tests/e2e/bridge_sender.py DIALECT PROXY_URL PORT MODEL_DIR STEPS_DIR [--packed-bytes N]
+
+What is upstream's and what is a stand-in:
+- the framing is upstream's own code when its source is given: PRIMERL_SRC (a directory holding prime_rl/ at
+  @559b447; its transports/weights/nccl.py's broadcast_integer / broadcast_state_dict / filter_state_dict_by_layers)
+  and VLLM_SRC (a directory holding vllm/distributed/weight_transfer/packed_tensor.py from vllm 0.33.0:
+  packed_nccl_broadcast_producer). Both import only torch (their other imports are stubbed here);
+- the group is opened by this script the way vLLM's StatelessProcessGroup.create + PyNcclCommunicator do
+  (TCPStore master of world W with use_libuv=False, the id pickled as vLLM's ctypes ncclUniqueId under
+  broadcast_from/0/0, ncclCommInitRank, a float32[1] SUM all-reduce warm-up), over torch.cuda.nccl instead of
+  vLLM's ctypes PyNccl: vLLM 0.33 (a 336 MB wheel, torch 2.14) cannot be carried to the GPU host. The collectives
+  are the same NCCL calls (ncclBcast root 0, ncclAllReduce), so the bridge cannot tell the difference; what this
+  does not cover is PyNccl's own code (its stream handling) and vLLM 0.33's torch/NCCL 2.30.7.
+- the HTTP calls are the trainers' own sequence: prime-rl's orchestrator (/init_broadcaster once; per step /pause,
+  NCCL_READY, /update_weights {"weight_dir"}, /resume) and vLLM's engine (/init_weight_transfer_engine during the
+  rendezvous; per push /start_weight_update, /update_weights concurrently with the broadcast,
+  /finish_weight_update).
+
+Each push sends the checkpoint perturbed (step 1, seeded) then restored (step 2), and prints one JSON line per push.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import pickle
+import sys
+import threading
+import time
+import types
+import urllib.request
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+class _VllmUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+_VllmUniqueId.__module__ = "vllm.distributed.device_communicators.pynccl_wrapper"
+_VllmUniqueId.__qualname__ = _VllmUniqueId.__name__ = "ncclUniqueId"
+
+
+class Communicator:
+    """Rank 0 of the trainer's group over torch.cuda.nccl (what PyNcclCommunicator does over ctypes)."""
+
+    def __init__(self, port: int, world_size: int, timeout_s: float):
+        mod = types.ModuleType(_VllmUniqueId.__module__)
+        mod.ncclUniqueId = _VllmUniqueId
+        sys.modules[_VllmUniqueId.__module__] = mod  # so pickle finds the class by vLLM's name
+        self.store = dist.TCPStore("127.0.0.1", port, world_size=world_size, is_master=True,
+                                   timeout=timedelta(seconds=timeout_s), use_libuv=False)  # waits for W
+        uid = torch.cuda.nccl.unique_id()
+        struct = _VllmUniqueId()
+        ctypes.memmove(ctypes.addressof(struct), uid, 128)
+        self.store.set("broadcast_from/0/0", pickle.dumps(struct))
+        self.device = torch.device("cuda", 0)
+        self.stream = torch.cuda.current_stream()
+        self.comm = torch.cuda.nccl.init_rank(world_size, uid, 0)
+        warm = torch.zeros(1, device=self.device)
+        torch.cuda.nccl.all_reduce([warm], comms=[self.comm])
+        torch.cuda.synchronize()
+
+    def broadcast(self, tensor, src=0, stream=None):
+        assert src == 0
+        torch.cuda.nccl.broadcast([tensor.contiguous()], root=0, comms=[self.comm])
+
+
+def load_source(name: str, path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def primerl_framing():
+    root = os.environ.get("PRIMERL_SRC")
+    if not root:
+        return None
+    stubs = {"vllm.distributed.device_communicators.pynccl": {"PyNcclCommunicator": object},
+             "vllm.distributed.utils": {"StatelessProcessGroup": object},
+             "prime_rl.configs.trainer": {"NCCLWeightBroadcastConfig": object},
+             "prime_rl.trainer.conversion_utils": {"get_max_layer_num": None},
+             "prime_rl.trainer.models": {"PreTrainedModelPrimeRL": type("P", (), {})},
+             "prime_rl.trainer.utils": {"get_world": None}, "prime_rl.transports.weights.base": {"WeightBroadcast": object},
+             "prime_rl.utils.client": {"NCCL_READY_MARKER": "NCCL_READY"}, "prime_rl.utils.logger": {"get_logger": None},
+             "prime_rl.utils.nccl": {"disable_nccl_p2p_if_unavailable": None},
+             "prime_rl.utils.pathing": {"sync_wait_for_path": None},
+             "prime_rl.utils.utils": {"get_broadcast_dir": None, "get_step_path": None},
+             "prime_rl.utils.vlm": {"get_layer_prefix": None}}
+    for name, attrs in stubs.items():
+        for i in range(1, name.count(".") + 1):
+            sys.modules.setdefault(".".join(name.split(".")[:i]), types.ModuleType(".".join(name.split(".")[:i])))
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__dict__.update(attrs)
+    return load_source("prime_rl.transports.weights.nccl", Path(root) / "prime_rl/transports/weights/nccl.py")
+
+
+def vllm_framing():
+    root = os.environ.get("VLLM_SRC")
+    if not root:
+        return None
+    return load_source("vllm_packed_tensor", Path(root) / "vllm/distributed/weight_transfer/packed_tensor.py")
+
+
+def post(url: str, path: str, body: dict | None = None, timeout: float = 720) -> dict:
+    req = urllib.request.Request(url + path, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def checkpoint(model_dir: str, step: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        tensors.update(load_file(str(f), device="cuda"))
+    if step % 2 == 1:  # odd steps perturbed, even steps the checkpoint's own values
+        g = torch.Generator(device="cuda").manual_seed(step)
+        tensors = {k: (v.float() + 0.05 * torch.randn(v.shape, generator=g, device="cuda")).to(v.dtype)
+                   for k, v in tensors.items()}
+    return tensors
+
+
+def primerl_push(comm: Communicator, tensors: dict, framing) -> None:
+    prefix = "model.layers."
+    layers = 1 + max(int(k[len(prefix):].split(".")[0]) for k in tensors if k.startswith(prefix))
+    if framing is None:
+        raise SystemExit("PRIMERL_SRC is not set: the prime-rl round needs prime-rl's own framing code")
+    framing.broadcast_integer(layers + 1, comm)
+    for _layer, part in framing.filter_state_dict_by_layers(tensors, layers, prefix):
+        framing.broadcast_state_dict(part, comm)
+    torch.cuda.synchronize()
+
+
+def vllm_push(url: str, comm: Communicator, tensors: dict, packed_bytes: int, version: str, framing) -> None:
+    info = {"names": list(tensors), "dtype_names": [str(t.dtype).split(".")[-1] for t in tensors.values()],
+            "shapes": [list(t.shape) for t in tensors.values()]}
+    post(url, "/start_weight_update")
+    errors = []
+    rpc = threading.Thread(target=lambda: _capture(errors, post, url, "/update_weights", {"update_info": info}))
+    rpc.start()
+    if packed_bytes:
+        if framing is None:
+            raise SystemExit("VLLM_SRC is not set: the packed round needs vLLM's own packing code")
+        framing.packed_nccl_broadcast_producer(iter(tensors.items()), comm, 0, lambda item: item[1],
+                                               buffer_size_bytes=packed_bytes, num_buffers=2)
+    else:
+        for t in tensors.values():
+            comm.broadcast(t, src=0)
+    torch.cuda.synchronize()
+    rpc.join()
+    if errors:
+        raise errors[0]
+    post(url, "/finish_weight_update", {"weight_version": version})
+
+
+def _capture(errors: list, fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - surfaced by the caller
+        errors.append(exc)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("dialect", choices=["primerl", "vllm"])
+    p.add_argument("proxy")
+    p.add_argument("port", type=int)
+    p.add_argument("model_dir")
+    p.add_argument("steps_dir")
+    p.add_argument("--packed-bytes", type=int, default=0, help="vLLM packed with this buffer; 0: unpacked")
+    p.add_argument("--steps", type=int, default=2)
+    args = p.parse_args()
+    torch.cuda.set_device(0)
+    init_errors: list = []
+    if args.dialect == "primerl":  # the orchestrator's init, while the trainer opens its group
+        body = {"host": "127.0.0.1", "port": args.port, "rank_offset": 0, "inference_world_size": 1, "timeout": 300}
+        call = threading.Thread(target=lambda: _capture(init_errors, post, args.proxy, "/init_broadcaster", body))
+    else:
+        body = {"init_info": {"master_address": "127.0.0.1", "master_port": args.port, "rank_offset": 1,
+                              "world_size": 2, "packed": bool(args.packed_bytes),
+                              "packed_buffer_size_bytes": args.packed_bytes or (1 << 30), "packed_num_buffers": 2}}
+        call = threading.Thread(target=lambda: _capture(init_errors, post, args.proxy, "/init_weight_transfer_engine", body))
+    call.start()
+    t0 = time.perf_counter()
+    comm = Communicator(args.port, 2, 300)
+    call.join()
+    if init_errors:
+        raise init_errors[0]
+    print(json.dumps({"joined_s": round(time.perf_counter() - t0, 3)}), flush=True)
+    framing = primerl_framing() if args.dialect == "primerl" else vllm_framing()
+    for step in range(1, args.steps + 1):
+        tensors = checkpoint(args.model_dir, step)
+        step_dir = Path(args.steps_dir) / f"step_{step}"
+        t0 = time.perf_counter()
+        if args.dialect == "primerl":  # the orchestrator paused and touched NCCL_READY; the trainer waits for it
+            ready = step_dir / "NCCL_READY"
+            while not ready.exists():
+                time.sleep(0.05)
+            primerl_push(comm, tensors, framing)
+        else:
+            vllm_push(args.proxy, comm, tensors, args.packed_bytes, f"v{step}", framing)
+        print(json.dumps({"step": step, "pushed_s": round(time.perf_counter() - t0, 3),
+                          "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
