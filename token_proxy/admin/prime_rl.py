@@ -16,6 +16,7 @@ from aiohttp import web
 from token_proxy import checks as check
 from token_proxy.admin import bridge_mode, vllm_rl, vllm_weights
 from token_proxy.admin.forward import group_bodies, note_group
+from token_proxy.admin.labels import OpenUpdate
 from token_proxy.errors import BackendTimeout, InvalidRequest, ProxyError
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import read_pending
@@ -106,9 +107,11 @@ async def _bridge_step(plane: AdminPlane, app: web.Application, weight_dir) -> w
     """Bridge mode: prime-rl's push (its weight_dir only names the step: the weights come over NCCL, through
     the bridges), then the version (step N) and the flush, as any update."""
     version = _next_version(plane, weight_dir if isinstance(weight_dir, str) else "")
+    update = OpenUpdate()  # this call is the whole update: its push opens it, its finish labels it
     async with plane.transaction():
+        update.start(plane)
         await bridge_mode.push(plane, app, "update_weights (weight bridge)")
-        await vllm_weights.finish(plane, version, "update_weights (weight bridge)")
+        await vllm_weights.finish(plane, update, version, "update_weights (weight bridge)")
     return json_response({"status": "ok", "weight_version": version})
 
 
