@@ -91,12 +91,3 @@ def test_tests_import_a_public_name_through_its_face():
                 if any(alias.name in face.__all__ for face in above):
                     deep.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}")
     assert deep == []
-
-
-def test_no_module_of_the_package_is_over_400_lines():
-    """Issue 29: no file over 400 lines (ruff's C901 at max-complexity 15, in pyproject.toml, holds the other
-    half: no function over cyclomatic complexity 15)."""
-    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
-             for path in (ROOT / "token_proxy").rglob("*.py")}
-    assert len(sizes) > 150
-    assert {path: n for path, n in sizes.items() if n > 400} == {}

@@ -80,13 +80,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
 def _on_current(items: list[dict], fleet: FleetVersions) -> bool:
     """The fast path of the stale-weights check: every item (or first stream event) carries the fleet's
     current version, or none; anything else is judged by fleet_versions.resend_stale."""
-    current = fleet.record.current
-    for item in items:
-        meta = item.get("meta_info")
-        version = meta.get("weight_version") if meta else None
-        if version is not None and version != current:
-            return False
-    return True
+    return reply_versions(items) <= {fleet.record.current}
 
 
 async def _nothing(reply) -> None:
