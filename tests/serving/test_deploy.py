@@ -20,7 +20,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.golden import golden_file
-from token_proxy.cli import _FLAGS, parse_settings
+from token_proxy.cli import parse_settings
+from token_proxy.cli.flags import _FLAGS
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import NAMES as SIM_NAMES
 from token_proxy.simulator.metrics import set_sglang_metrics

@@ -20,7 +20,7 @@ import urllib.parse
 import urllib.request
 
 from token_proxy import __version__
-from token_proxy.cli_flags import (  # noqa: F401 (FLAG_GROUPS, _FLAGS: the flag table, read through cli too)
+from token_proxy.cli.flags import (  # noqa: F401 (FLAG_GROUPS, _FLAGS: the flag table, read through cli too)
     _ALIASES,
     _DEPRECATED,
     _FLAGS,
@@ -37,7 +37,7 @@ from token_proxy.cli_flags import (  # noqa: F401 (FLAG_GROUPS, _FLAGS: the flag
     several,
     url_list,
 )
-from token_proxy.cli_start import StartupError, bind_port, reserve_port, simulator_process
+from token_proxy.cli.start import StartupError, bind_port, reserve_port, simulator_process
 from token_proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import tokenizer_dir_problem
