@@ -59,7 +59,7 @@ def test_lower_bounds_are_the_floors_of_pyproject():
         {name: version.removesuffix(".0") for name, version in floors.items()}
 
 
-PACKAGES = ("admin", "api", "api.chat", "api.completions", "api.generate", "api.tokenize", "lora", "ops",
+PACKAGES = ("admin", "api", "cli", "api.chat", "api.completions", "api.generate", "api.tokenize", "lora", "ops",
             "pipeline", "serving", "sglang", "sessions", "simulator", "tokenization", "tools", "broadcast")
 
 
