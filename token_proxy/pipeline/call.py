@@ -19,11 +19,11 @@ from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.client import abort_all_of, aborting_on_exit
 from token_proxy.sglang.payload import SGLangRequest
-from token_proxy.state import ProxyContext
+from token_proxy.state import Upstream
 from token_proxy.vocabulary import Output, Reloads
 
 
-async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+async def generate_whole(ctx: Upstream, call: SGLangRequest, rules: OutputRules,
                          stats: RequestStats, lora: Reloads | None = None,
                          fleet: FleetVersions | None = None) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
@@ -44,7 +44,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
     return outputs
 
 
-async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+async def generate_streamed(request: web.Request, ctx: Upstream, call: SGLangRequest, rules: OutputRules,
                             formatter, stats: RequestStats, lora: Reloads | None = None,
                             fleet: FleetVersions | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
@@ -96,7 +96,7 @@ async def _close_stream(opened) -> None:
     await opened[0].aclose()
 
 
-async def _open_stream(ctx: ProxyContext, call: SGLangRequest, lora: Reloads | None,
+async def _open_stream(ctx: Upstream, call: SGLangRequest, lora: Reloads | None,
                        stack: contextlib.AsyncExitStack):
     """The stream and its first batch of events, through the client's retry point (an HTTP error before it
     raises here)."""
@@ -105,7 +105,7 @@ async def _open_stream(ctx: ProxyContext, call: SGLangRequest, lora: Reloads | N
     return stream, first
 
 
-async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],
+async def _relay(request: web.Request, response: web.StreamResponse, ctx: Upstream, stream, rids: list[str],
                  rules: OutputRules, frames: StreamFrames, stats: RequestStats) -> None:
     """Every further event, translated and written as it arrives (from the stream's read callback)."""
     out = SSEWriter(request, response)

@@ -40,18 +40,6 @@ def proxy_stop_ids(sampling: SamplingRequest) -> frozenset[int]:
     return frozenset(sampling.stop_token_ids) if sampling.ignore_eos else frozenset()
 
 
-def usage_body(usage: Usage, drop_nulls: bool = False) -> dict:
-    """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
-    report = {
-        "prompt_tokens": usage.prompt_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "prompt_tokens_details": None if usage.cached_tokens is None else {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": None,
-    }
-    return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
-
-
 def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
     """SGLang's finish_reason -> vLLM's (finish_reason, stop_reason).
 
