@@ -37,7 +37,6 @@ from token_proxy.cli.flags import (
     url_list,
 )
 from token_proxy.cli.start import StartupError, bind_port, reserve_port, simulator_process
-from token_proxy.ops.access_log import configure_logging
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import tokenizer_dir_problem
 
@@ -314,6 +313,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = parse_settings(argv)
     finally:
         root.removeHandler(held)
+    from token_proxy.ops.access_log import (
+        configure_logging,  # here: --help and the healthcheck never load ops/
+    )
+
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     for record in held.records:
         root.handle(record)
@@ -333,9 +336,9 @@ def main(argv: list[str] | None = None) -> None:
             from token_proxy.serving.serve import exit_at_once, serve
 
             if several:
-                from token_proxy.serving.supervisor import serve_workers
+                from token_proxy.serving.supervisor import serve_processes
 
-                status = serve_workers(settings)
+                status = serve_processes(settings)
             else:
                 serve(settings, sock)
                 status = 0
