@@ -23,7 +23,7 @@ from token_proxy.routes import add_routes
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient, sglang_sessions
 from token_proxy.sglang.discovery import CONNECTION, keep_connected
-from token_proxy.state import CONTEXT, SETTINGS, ProxyContext
+from token_proxy.state import CONTEXT, REQUESTS, SETTINGS, SGLANG_CLIENT, ProxyContext
 
 ABORTS_AT_EXIT_S = 0.5  # how long the upstream aborts sent at the end may take before the process exits
 
@@ -71,7 +71,7 @@ async def _proxy_context(app: web.Application):
                               stream_coalesce_s=settings.stream_coalesce_ms / 1000,
                               on_retry=app[METRICS].upstream_retry, api_key=settings.sglang_api_key)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
-        app[CONNECTION] = app[CONTEXT].connection
+        app[CONNECTION], app[SGLANG_CLIENT], app[REQUESTS] = app[CONTEXT].connection, client, app[CONTEXT].requests
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.
         connecting = asyncio.get_running_loop().create_task(keep_connected(app, adopt_library_loggers))
         yield

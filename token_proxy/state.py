@@ -1,10 +1,13 @@
-"""The state handlers share, in one explicit place: ProxyContext (on the Application under typed keys).
+"""The state handlers share, on the Application under typed keys, and what one request takes of it.
 
-It holds three things, each owned below it in sglang/: the SGLang client, the connection
-(sglang/discovery.py's Connection: its status, and once connected one frozen value with SGLang's picture,
-sglang/picture.py, and the tokenizer it names), and the requests in flight (sglang/in_flight.py). Until
-SGLang is known the engine-facing fields raise BackendUnavailable (a 503 naming the reason,
-`not_ready_reason`). This module sits above sglang/ and below the handlers.
+The data path: a handler takes `Upstream` once (`upstream_of(app)`, the request's one "connected?" check, a
+503 naming the reason until SGLang is known) and passes it down: the frozen `Connected` of
+sglang/discovery.py (SGLang's picture, sglang/picture.py, and the tokenizer it names), the SGLang client
+(`SGLANG_CLIENT`), the requests in flight (`REQUESTS`, sglang/in_flight.py) and the settings. The connection
+itself is discovery's `CONNECTION`.
+
+The admin plane and start-up hooks read `ProxyContext` (`CONTEXT`): the same client, connection and requests.
+This module sits above sglang/ and below the handlers.
 """
 
 from __future__ import annotations
@@ -17,17 +20,17 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from token_proxy.errors import BackendUnavailable
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
-from token_proxy.sglang.discovery import ON_FATAL, Connected, Connection
+from token_proxy.sglang.discovery import CONNECTION, ON_FATAL, Connected, Connection
 from token_proxy.sglang.in_flight import Requests
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture
 from token_proxy.tokenization.loader import TokenizerInfo
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
 
-__all__ = ["CONTEXT", "ON_FATAL", "REGISTER_COLLECTOR", "SETTINGS", "ProxyContext"]
+__all__ = ["CONTEXT", "ON_FATAL", "REGISTER_COLLECTOR", "REQUESTS", "SETTINGS", "SGLANG_CLIENT", "ProxyContext",
+           "Upstream", "upstream_of"]
 
 
 @dataclass(slots=True)
@@ -76,21 +79,14 @@ class ProxyContext:
         return self.connection.fatal
 
     # --- what connecting learned (one frozen value; a 503 until it is known) ---
-    def _connected(self) -> Connected:
-        """Read here, not through Connection.get(): a plain chat runs no code of discovery.py."""
-        connected = self.connection.connected
-        if connected is None:
-            raise BackendUnavailable(self.connection.not_ready_reason)
-        return connected
-
     @property
     def picture(self) -> SGLangPicture:
-        return self._connected().picture
+        return self.connection.get().picture
 
     @property
     def backend(self) -> BackendInfo:
         """The facts every SGLang server behind the backend agrees on (picture.agreed)."""
-        return self._connected().picture.agreed
+        return self.connection.get().picture.agreed
 
     @property
     def served_model_name(self) -> str:
@@ -99,27 +95,66 @@ class ProxyContext:
 
     @property
     def tokenizer_info(self) -> TokenizerInfo:
-        return self._connected().tokenizer_info
-
-    @property
-    def renderer(self) -> PromptRenderer:
-        return self._connected().renderer
-
-    @property
-    def token_texts(self) -> TokenTexts:
-        return self._connected().token_texts
-
-    @property
-    def tool_parser(self) -> str | None:
-        return self._connected().tool_parser
+        return self.connection.get().tokenizer_info
 
     @property
     def max_model_len(self) -> int:
         return self.backend.max_model_len
 
 
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """What one data-path request uses of SGLang, taken once by its handler (`upstream_of`) and passed down:
+    the settings, the frozen `Connected`, the client and the requests in flight (it is sglang/client.py's
+    `InFlight` for aborting_on_exit). Every field is fixed for the request: no read checks anything."""
+
+    settings: Settings
+    connected: Connected
+    client: SGLangClient
+    requests: Requests
+
+    @property
+    def backend(self) -> BackendInfo:
+        """The facts every SGLang server behind the backend agrees on (picture.agreed)."""
+        return self.connected.picture.agreed
+
+    @property
+    def max_model_len(self) -> int:
+        return self.connected.picture.agreed.max_model_len
+
+    @property
+    def tokenizer_info(self) -> TokenizerInfo:
+        return self.connected.tokenizer_info
+
+    @property
+    def renderer(self) -> PromptRenderer:
+        return self.connected.renderer
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        return self.connected.token_texts
+
+    @property
+    def tool_parser(self) -> str | None:
+        return self.connected.tool_parser
+
+    @property
+    def in_flight(self) -> dict[str, list[str]]:
+        return self.requests.rids
+
+    def spawn(self, coro: Coroutine) -> asyncio.Task:
+        return self.requests.spawn(coro)
+
+
 SETTINGS = web.AppKey("settings", Settings)
 CONTEXT = web.AppKey("context", ProxyContext)
+SGLANG_CLIENT = web.AppKey("sglang_client", SGLangClient)
+REQUESTS = web.AppKey("requests", Requests)  # the SGLang requests being served, and work that outlives a handler
+
+
+def upstream_of(app: web.Application) -> Upstream:
+    """The request's `Upstream`: the one "connected?" check (BackendUnavailable, a 503 naming why not)."""
+    return Upstream(app[SETTINGS], app[CONNECTION].get(), app[SGLANG_CLIENT], app[REQUESTS])
 # register(collector): puts a prometheus collector of a module below ops/ (sessions, LoRA adapters: their own
 # counters, read at scrape time) on /metrics. ops/observe.py sets it; absent, nothing is registered.
 REGISTER_COLLECTOR = web.AppKey("register_collector", Callable)

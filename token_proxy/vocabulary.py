@@ -8,9 +8,8 @@ bottom of the house (it imports nothing of the project), so no reader has to liv
 - `Output`, `Usage`, `ResponseMeta`: what the output rules (pipeline/output_rules.py) give the endpoints'
   formatters; `FinishedChoice`: what they note of each finished choice for the vllm: request series.
 
-Values only: no rule runs here (the rules that read them live with their readers: the proxy's own stop ids
-and vLLM's usage body in the output rules, a target's release in pipeline/run.py), so a request's path
-gains no module for its vocabulary.
+A value's own acts live on it (a target's `release`, vLLM's body of a `Usage`); rules that read the values
+live with their readers (the proxy's own stop ids in the output rules).
 """
 
 from __future__ import annotations
@@ -77,8 +76,13 @@ class ModelTarget:
 
     name: str
     lora_path: str | None = None
-    lease: Hold | None = None  # let go when the request ends: pipeline/run.py's `release_target`
+    lease: Hold | None = None  # let go when the request ends (`release`)
     reloads: Reloads | None = None
+
+    def release(self) -> None:
+        """The request ended: let go of what its model needed (an adapter's lease), if anything."""
+        if self.lease is not None:
+            self.lease.release()
 
 
 # ---- the response: what the output rules give the formatters
@@ -114,6 +118,17 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int | None
+
+    def body(self, drop_nulls: bool = False) -> dict:
+        """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
+        report = {
+            "prompt_tokens": self.prompt_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "completion_tokens": self.completion_tokens,
+            "prompt_tokens_details": None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": None,
+        }
+        return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
 
 
 @dataclass(frozen=True, slots=True)

@@ -218,9 +218,9 @@ async def test_continue_final_message(proxy, hf_tokenizer):
 
 
 async def test_prompt_cache_serves_repeats(proxy):
-    from token_proxy.state import CONTEXT
+    from token_proxy.state import upstream_of
 
-    renderer = proxy.server.app[CONTEXT].renderer
+    renderer = upstream_of(proxy.server.app).renderer
     before = renderer.hits
     for _ in range(3):
         status, _ = await post(proxy, {"messages": USER, "max_tokens": 1})

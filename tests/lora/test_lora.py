@@ -15,9 +15,10 @@ from tests.support.admin_fixtures import free_port, proxy_url, until
 from tests.support.lora_fixtures import greedy, write_adapter
 from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.lora import ADAPTERS, LORA, AdapterRegistry
-from token_proxy.lora.leases import is_lost_adapter_error, retry_if_lost
 from token_proxy.lora.registry import Adapter
 from token_proxy.lora.routes import adapter_cards
+from token_proxy.sglang.client import retrying
+from token_proxy.sglang.replies import is_lost_adapter
 from token_proxy.simulator import SIM_STATE, SimConfig, start_simulator
 from token_proxy.state import CONTEXT
 
@@ -242,7 +243,7 @@ async def test_a_restarted_worker_gets_its_adapters_back(make_proxy, aiohttp_cli
         try:
             lost = await client.post("/generate", json=greedy(lora_path="policy@v1"))
             if lost.status_code == 400:  # the proxy's sync loop may already have put it back
-                assert is_lost_adapter_error(lost.json()["error"]["message"])
+                assert is_lost_adapter(lost.json()["error"]["message"])
             state = runner.app[SIM_STATE]
             await until(lambda: state.lora.loaded == {"policy@v1": path}, timeout=10)
             after = (await client.post("/generate", json=greedy(lora_path="policy@v1"))).json()["output_ids"]
@@ -266,8 +267,8 @@ async def test_a_request_refused_for_a_lost_adapter_is_retried_after_a_reload(ma
         payload["sampling_params"]["ignore_eos"] = True  # greedy ids depend on the adapter's path: EOS may come early
         with pytest.raises(InvalidRequest) as refused:
             await client.generate(payload)
-        assert is_lost_adapter_error(refused.value.message)
-        reply = await retry_if_lost(proxy.app[LORA], lambda: client.generate(payload))
+        assert is_lost_adapter(refused.value.message)
+        reply = await client.generate(payload, proxy.app[LORA])  # the pipeline's call: the adapter re-loaded, sent again
         assert len(reply[0]["output_ids"]) == 8
     finally:
         await runner.cleanup()
@@ -437,5 +438,7 @@ async def test_requests_refused_for_a_lost_adapter_share_one_sync_pass(proxy, mo
             return "sent"
         return send
 
-    assert await asyncio.gather(*(retry_if_lost(admin, sender()) for _ in range(5))) == ["sent"] * 5
+    sends = [sender() for _ in range(5)]  # through the client's one retry point, as every SGLang call goes
+    assert await asyncio.gather(*(retrying(lambda _again, send=send: send(), reload=admin) for send in sends)) == \
+        ["sent"] * 5
     assert len(passes) == 1

@@ -14,7 +14,7 @@ import pytest
 from token_proxy.cli import parse_settings
 from token_proxy.errors import InvalidRequest
 from token_proxy.settings import Settings
-from token_proxy.state import CONTEXT
+from token_proxy.state import upstream_of
 from token_proxy.tokenization import ChatPrompt, PromptRenderer
 from token_proxy.tokenization.renderer import (
     INLINE_MAX_SIZE,
@@ -177,7 +177,7 @@ async def test_a_stream_of_big_refused_prompts_leaves_memory_flat(make_proxy, si
     """Issue 32: each refused 2 MB prompt (~350k ids) stayed in the cache as a tuple of its own ints (~14 MB);
     25 of them grew RSS by ~350 MB. Now nothing is kept for them, and accepted prompts stay under the bound."""
     client = await make_proxy(sim, context_length=4096, prompt_cache_bytes=64 << 10)
-    renderer = client.app[CONTEXT].renderer
+    renderer = upstream_of(client.app).renderer
 
     async def refused(i: int) -> None:
         body = {"model": "sim/qwen2-tiny", "max_tokens": 1,

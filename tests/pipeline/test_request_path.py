@@ -1,7 +1,7 @@
 """Which token_proxy modules one plain chat runs (issue 21): no tools, no session, no LoRA, through the app
 over the simulator, streamed and not. The sets must equal ARCHITECTURE.md's table "Modules one plain chat
-runs", so the map a newcomer reads is the code that runs; issue 21 wants at most 15, handler to response,
-non-streamed, middleware aside."""
+runs", so the map a newcomer reads is the code that runs. The count is printed, never asserted (issue 36: a
+meter reports, it does not place code)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 import token_proxy
-from tests.support.module_trace import ModuleTrace, Probe
+from tests.support.module_trace import ARMED, ModuleTrace, Probe
 from token_proxy.app import create_app
 from token_proxy.settings import Settings
-from token_proxy.sglang.discovery import wait_until_connected
+from token_proxy.sglang.discovery import Connection, wait_until_connected
+from token_proxy.state import ProxyContext
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "ARCHITECTURE.md"
 HEADING = "## Modules one plain chat runs"
@@ -78,6 +79,30 @@ async def test_a_plain_chat_runs_the_modules_architecture_lists(traced_proxy):
     assert ran["handler", True] == table["stream"]
     assert ran["app", False] == table["plain"] | table["middleware"]
     assert ran["app", True] == table["stream"] | table["middleware"]
+
+
+async def test_a_plain_chat_takes_sglangs_picture_once_and_reads_no_locator(traced_proxy, monkeypatch):
+    """Issue 36: the handler takes the frozen picture once (`upstream_of`: one `Connection.get`, the one
+    "connected?" check) and passes it down; nothing in the request reads `ProxyContext`."""
+    client, probe = traced_proxy
+    reads = []
+
+    def spied(name, read):
+        def spy(*args, **kwargs):
+            if ARMED.get() is not None:  # in the traced request's own context, not a background loop's
+                reads.append(name)
+            return read(*args, **kwargs)
+        return spy
+
+    for name, value in list(vars(ProxyContext).items()):
+        if isinstance(value, property):
+            monkeypatch.setattr(ProxyContext, name, property(spied(f"ProxyContext.{name}", value.fget)))
+        elif callable(value) and not name.startswith("__"):
+            monkeypatch.setattr(ProxyContext, name, spied(f"ProxyContext.{name}", value))
+    monkeypatch.setattr(Connection, "get", spied("Connection.get", Connection.get))
+    for stream in (False, True):
+        await modules_run(client, probe, "handler", stream)
+    assert reads == ["Connection.get", "Connection.get"]
 
 
 def test_every_path_architecture_names_exists():

@@ -20,7 +20,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.golden import golden_file
-from token_proxy.cli import _FLAGS, parse_settings
+from token_proxy.cli import parse_settings
+from token_proxy.cli.flags import FLAGS
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.metrics import NAMES as SIM_NAMES
 from token_proxy.simulator.metrics import set_sglang_metrics
@@ -103,7 +104,7 @@ def test_compose_wiring(compose):
 
 
 def test_proxy_environment_is_real_flags(compose, sim_override):
-    known = {"TOKEN_PROXY_" + flag[2:].upper().replace("-", "_") for flag, *_ in _FLAGS}
+    known = {"TOKEN_PROXY_" + flag[2:].upper().replace("-", "_") for flag, *_ in FLAGS}
     gpu_env = compose["services"]["proxy"]["environment"]
     sim_env = {**gpu_env, **sim_override["services"]["proxy"]["environment"]}
     for env in (gpu_env, sim_env):

@@ -1,4 +1,4 @@
-"""The image's HEALTHCHECK (token_proxy/healthcheck.py) asks the port the proxy was started with, whether a
+"""The image's HEALTHCHECK (token_proxy/cli/healthcheck.py) asks the port the proxy was started with, whether a
 flag or a TOKEN_PROXY_* variable gave it (issue 31: `docker run IMAGE --port N` stayed "starting")."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from token_proxy.healthcheck import health_url, main, proxy_argv_env
+from token_proxy.cli.healthcheck import health_url, main, proxy_argv_env
 
 
 def exec_done(pid: int, marker: str) -> None:

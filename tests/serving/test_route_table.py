@@ -17,7 +17,7 @@ from token_proxy.ids import MAX_ID_CHARS, checked_id
 from token_proxy.ops.openapi import Limits, openapi_spec
 from token_proxy.route_row import ADMIN, INFERENCE, OPS, OWNER, TOKENIZER
 from token_proxy.routes import ROUTES, route_class
-from token_proxy.serving.process_app import add_worker_plane, forward_to_owner
+from token_proxy.serving.process_app import add_serving_plane, forward_to_owner
 from token_proxy.sglang.pause import PRIME_RL, VLLM, to_sglang
 from token_proxy.state import CONTEXT
 
@@ -69,7 +69,7 @@ def test_openapi_describes_exactly_the_in_openapi_rows():
 
 def test_a_worker_forwards_exactly_the_owner_rows():
     app = web.Application()
-    add_worker_plane(app)
+    add_serving_plane(app)
     forwarded = {(route.method, route.resource.canonical) for route in app.router.routes()
                  if route.handler is forward_to_owner and isinstance(route.resource, web.PlainResource)}
     # every OWNER row, SGLang's own listed ones too, for its methods (and HEAD with a served GET); else a 405

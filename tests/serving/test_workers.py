@@ -235,7 +235,7 @@ async def test_pause_through_one_worker_holds_requests_on_every_worker(proxy):
 async def test_the_owners_internal_routes_are_not_reachable_through_a_worker(proxy):
     for _ in range(4):
         status, reply = await call("POST", proxy.url + "/_internal/adapters",
-                                   json={"worker": 0, "seq": 10**9, "seen": 0, "held": []})
+                                   json={"process": 0, "seq": 10**9, "seen": 0, "held": []})
         assert status == 404, reply
         assert reply["error"]["type"] == "NotFoundError"
 

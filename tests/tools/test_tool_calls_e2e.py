@@ -293,13 +293,13 @@ async def test_exclude_tools_when_tool_choice_none(make_sim, make_proxy, hf_toke
 
 async def test_parser_detected_from_the_chat_template(make_sim, make_proxy, caplog):
     """No --tool-call-parser: the served template (the simulator's ChatML with <tool_call>) names hermes."""
-    from token_proxy.state import CONTEXT
+    from token_proxy.state import upstream_of
 
     text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
     sim = await make_sim(scripted_output=text)
     with caplog.at_level("INFO", logger="token_proxy.tools.template_detect"):
         proxy = await make_proxy(sim, enable_auto_tool_choice=True)
-    assert proxy.server.app[CONTEXT].tool_parser == "hermes"
+    assert upstream_of(proxy.server.app).tool_parser == "hermes"
     assert "tool-call parser hermes (detected from the chat template" in caplog.text
     client = client_for(proxy)
     reply = await whole(client, messages=[{"role": "user", "content": "Weather?"}], tools=TOOLS, max_tokens=100)

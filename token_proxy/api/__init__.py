@@ -4,15 +4,11 @@ tokenize: request, endpoint, format) over the shared field readers (fields.py), 
 (messages.py) and logprobs (logprobs.py). Handlers hand a parsed request to the pipeline
 (pipeline/run.py); none imports another endpoint or lora/."""
 
-from token_proxy.faces import door
+from token_proxy.api.fields import token_id_list
+from token_proxy.api.logprobs import TokenNamer
+from token_proxy.api.messages import parse_chat_prompt
+from token_proxy.api.sampling import parse_sampling
 
 __all__ = [
     "TokenNamer", "parse_chat_prompt", "parse_sampling", "token_id_list",
 ]
-
-__getattr__ = door(__name__, {
-    "TokenNamer": "logprobs",
-    "parse_chat_prompt": "messages",
-    "parse_sampling": "sampling",
-    "token_id_list": "fields",
-})

@@ -4,15 +4,8 @@ by (versions.py), one weight update for every worker at once (transaction.py), t
 restarted or drifted worker out and heals it (fence.py), prefix-cache flushes (flush.py), SGLang's
 weight-update session (weight_session.py) and sglang-router's worker list (router_list.py)."""
 
-from token_proxy.faces import door
+from token_proxy.fleet.fence import FENCE, add_fence
+from token_proxy.fleet.plane import ADMIN, AdminPlane, StepResult
+from token_proxy.fleet.versions import VersionRecord
 
 __all__ = ["ADMIN", "FENCE", "AdminPlane", "StepResult", "VersionRecord", "add_fence"]
-
-__getattr__ = door(__name__, {
-    "ADMIN": "plane",
-    "FENCE": "fence",
-    "AdminPlane": "plane",
-    "StepResult": "plane",
-    "VersionRecord": "versions",
-    "add_fence": "fence",
-})

@@ -1,11 +1,11 @@
-"""The LoRA map across --workers processes: the owner's registry is the truth; workers mirror it.
+"""The LoRA map across --workers processes: the owner's registry is the truth; serving processes mirror it.
 
-A worker resolves `model` -> SGLang's internal adapter name on its own event loop (no hop per request)
-from a mirror it keeps by long-polling the owner. Each poll reports the adapter versions the worker's
-requests hold and the map version it applied; the owner keeps, for every worker, a lease (in its own
-registry) on (a) each adapter of every map it offered that the worker may still be using and (b) each
-adapter the worker reported in use. A replaced or removed adapter is unloaded from SGLang (the
-registry's on_idle) only when its last lease ends: when no worker can still send it.
+A serving process resolves `model` -> SGLang's internal adapter name on its own event loop (no hop per request)
+from a mirror it keeps by long-polling the owner. Each poll reports the adapter versions the serving process's
+requests hold and the map version it applied; the owner keeps, for every serving process, a lease (in its own
+registry) on (a) each adapter of every map it offered that the serving process may still be using and (b) each
+adapter the serving process reported in use. A replaced or removed adapter is unloaded from SGLang (the
+registry's on_idle) only when its last lease ends: when no serving process can still send it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 # On the --workers owner: AdapterPublisher.published (set by serving/control.py). Absent in one process.
 MAP_PUBLISHED = web.AppKey("adapter_map_published", object)
 
-POLL_WAIT_S = 20.0  # a poll with nothing new returns after this long (then the worker asks again)
+POLL_WAIT_S = 20.0  # a poll with nothing new returns after this long (then the serving process asks again)
 RETRY_S = 0.5
-# How long a load or unload waits, before it answers, for every worker to apply the new map; a worker
+# How long a load or unload waits, before it answers, for every serving process to apply the new map; a serving process
 # that has not polled for longer than a poll can last is taken for gone and not waited for.
 PUBLISH_WAIT_S = 5.0
 GONE_AFTER_S = POLL_WAIT_S + 10
@@ -39,20 +39,20 @@ GONE_AFTER_S = POLL_WAIT_S + 10
 @dataclass
 class _Pins:
     seq: int = -1  # the last report applied (older ones that arrive late are ignored)
-    seen: int = -1  # the map version the worker last said it applied
+    seen: int = -1  # the map version the serving process last said it applied
     reported_at: float = 0.0  # loop time of its last report
     offered: dict[int, list[Lease]] = field(default_factory=dict)  # map version -> leases on its adapters
     held: dict[str, Lease] = field(default_factory=dict)  # internal name -> lease (in use there)
 
 
 class AdapterPublisher:
-    """The owner's view of what each worker may send to SGLang; hands out the map."""
+    """The owner's view of what each serving process may send to SGLang; hands out the map."""
 
     def __init__(self, registry: AdapterRegistry):
         self.registry = registry
         self.version = 0
         self._changed = asyncio.Event()
-        self._workers: dict[int, _Pins] = {}
+        self._processes: dict[int, _Pins] = {}
         self._reported = asyncio.Event()
         registry.on_change = self._bump
 
@@ -62,13 +62,13 @@ class AdapterPublisher:
         self._changed = asyncio.Event()
 
     async def published(self, timeout_s: float = PUBLISH_WAIT_S) -> bool:
-        """Wait until every live worker applied the current map, so that a load or unload answered now is
+        """Wait until every live serving process applied the current map, so that a load or unload answered now is
         what every process serves at once (vLLM answers from one process). False if one did not in time."""
         version, loop = self.version, asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             now = loop.time()
-            behind = [w for w, pins in self._workers.items()
+            behind = [w for w, pins in self._processes.items()
                       if pins.seen < version and now - pins.reported_at < GONE_AFTER_S]
             if not behind:
                 return True
@@ -79,10 +79,10 @@ class AdapterPublisher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._reported.wait(), deadline - now)
 
-    def report(self, worker: int, seq: int, seen: int, held: list[str]) -> None:
-        """A worker applied map `seen` and its requests hold `held` now. New leases are taken before
+    def report(self, process: int, seq: int, seen: int, held: list[str]) -> None:
+        """A serving process applied map `seen` and its requests hold `held` now. New leases are taken before
         old ones end, so nothing it may use is unloaded in between."""
-        pins = self._workers.setdefault(worker, _Pins())
+        pins = self._processes.setdefault(process, _Pins())
         if seq <= pins.seq:
             return
         pins.seq, pins.seen, pins.reported_at = seq, max(pins.seen, seen), asyncio.get_running_loop().time()
@@ -103,24 +103,24 @@ class AdapterPublisher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout_s)
 
-    def offer(self, worker: int) -> dict:
-        """The current map, for `worker`: its adapters stay loaded until the worker moves past it."""
-        pins = self._workers.setdefault(worker, _Pins())
+    def offer(self, process: int) -> dict:
+        """The current map, for serving process `process`: its adapters stay loaded until the serving process moves past it."""
+        pins = self._processes.setdefault(process, _Pins())
         adapters = self.registry.adapters()
         if self.version not in pins.offered:
             pins.offered[self.version] = [self.registry.hold(adapter) for adapter in adapters]
         return {"version": self.version, "adapters": [dataclasses.asdict(a) for a in adapters]}
 
-    def in_use_by_workers(self) -> dict[str, int]:
-        """Internal name -> workers whose requests hold it now (for tests and logs)."""
+    def in_use_by_processes(self) -> dict[str, int]:
+        """Internal name -> serving processes whose requests hold it now (for tests and logs)."""
         counts: dict[str, int] = {}
-        for pins in self._workers.values():
+        for pins in self._processes.values():
             for internal in pins.held:
                 counts[internal] = counts.get(internal, 0) + 1
         return counts
 
 
-# --- a worker's side ----------------------------------------------------------------------------
+# --- a serving process's side ----------------------------------------------------------------------------
 
 def apply_map(registry: AdapterRegistry, adapters: list[dict]) -> None:
     """Make the mirror serve exactly `adapters` (replaced ones stay held by their running requests)."""
@@ -135,11 +135,11 @@ def apply_map(registry: AdapterRegistry, adapters: list[dict]) -> None:
 
 
 class AdapterFollower:
-    """A worker's long-poll loop: report what is held, apply the map the owner answers with. A request
+    """A serving process's long-poll loop: report what is held, apply the map the owner answers with. A request
     ending the last use of a replaced adapter cuts the wait short, so the owner hears of it at once."""
 
-    def __init__(self, session: aiohttp.ClientSession, worker: int, registry: AdapterRegistry):
-        self.session, self.worker, self.registry = session, worker, registry
+    def __init__(self, session: aiohttp.ClientSession, process: int, registry: AdapterRegistry):
+        self.session, self.process, self.registry = session, process, registry
         self.seen, self._seq = -1, 0
         self._wake = asyncio.Event()
         self.first_map = asyncio.Event()
@@ -149,7 +149,7 @@ class AdapterFollower:
     def _report(self, wait_s: float = POLL_WAIT_S) -> dict:
         self._seq += 1
         held = [a.internal for a in self.registry.held() if self.registry.in_use(a)]
-        return {"worker": self.worker, "seq": self._seq, "seen": self.seen, "held": held, "wait": wait_s}
+        return {"process": self.process, "seq": self._seq, "seen": self.seen, "held": held, "wait": wait_s}
 
     def _apply(self, reply: dict) -> None:
         """A map newer than the one applied (a refresh and the long-poll may answer out of order)."""
@@ -160,7 +160,7 @@ class AdapterFollower:
 
     async def refresh(self) -> None:
         """Ask the owner for its map now (no wait): a request named an adapter this mirror does not know
-        yet, which a load through another worker may have added a moment ago."""
+        yet, which a load through another serving process may have added a moment ago."""
         try:
             self._apply(await self._poll(self._report(wait_s=0.0)))
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -24,8 +24,9 @@ from token_proxy.pipeline.request_state import RequestStats, request_id_of
 ACCESS_LOGGER = "token_proxy.access"
 access_log = logging.getLogger(ACCESS_LOGGER)
 
-# With --workers N: this process's worker number, in every access line ("worker").
-WORKER_INDEX = web.AppKey("worker_index", int)
+# With --workers N: this serving process's number, in every access line (its key stays "worker", as logged
+# since --workers came: log pipelines read it).
+PROCESS_INDEX = web.AppKey("process_index", int)
 
 
 def log_request(request: web.Request, endpoint: str, status: int, stats: RequestStats,
@@ -57,7 +58,7 @@ def log_request(request: web.Request, endpoint: str, status: int, stats: Request
         "prompt_cache_hit": stats.prompt_cache_hit,
         "client_disconnected": stats.client_disconnected,
     }
-    worker = request.app.get(WORKER_INDEX)
+    worker = request.app.get(PROCESS_INDEX)
     if worker is not None:
         fields["worker"] = worker
     writer = sole_writer()

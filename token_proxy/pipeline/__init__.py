@@ -5,7 +5,9 @@ the stream's frames (stream_frames.py), per-request stats (request_state.py), th
 (`ModelTarget`, `Output`, `Usage`, `ResponseMeta`) are the shared vocabulary's (token_proxy/vocabulary.py).
 It imports no feature: features hook in (MODEL_RESOLVER)."""
 
-from token_proxy.faces import door
+from token_proxy.pipeline.job import Job
+from token_proxy.pipeline.request_state import RequestStats, stats_of
+from token_proxy.pipeline.run import MODEL_RESOLVER, Endpoint, Formatter, prepare, run_pipeline
 
 __all__ = [
     "MODEL_RESOLVER",
@@ -17,14 +19,3 @@ __all__ = [
     "run_pipeline",
     "stats_of",
 ]
-
-__getattr__ = door(__name__, {
-    "MODEL_RESOLVER": "run",
-    "Endpoint": "run",
-    "Formatter": "run",
-    "Job": "job",
-    "RequestStats": "request_state",
-    "prepare": "run",
-    "run_pipeline": "run",
-    "stats_of": "request_state",
-})

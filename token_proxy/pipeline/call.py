@@ -19,11 +19,11 @@ from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.client import abort_all_of, aborting_on_exit
 from token_proxy.sglang.payload import SGLangRequest
-from token_proxy.state import ProxyContext
+from token_proxy.state import Upstream
 from token_proxy.vocabulary import Output, Reloads
 
 
-async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+async def generate_whole(ctx: Upstream, call: SGLangRequest, rules: OutputRules,
                          stats: RequestStats, lora: Reloads | None = None,
                          fleet: ReplyCheck | None = None) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
@@ -44,7 +44,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
     return outputs
 
 
-async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLangRequest, rules: OutputRules,
+async def generate_streamed(request: web.Request, ctx: Upstream, call: SGLangRequest, rules: OutputRules,
                             formatter, stats: RequestStats, lora: Reloads | None = None,
                             fleet: ReplyCheck | None = None) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
@@ -81,13 +81,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
 def _on_current(items: list[dict], fleet: ReplyCheck) -> bool:
     """The fast path of the stale-weights check: every item (or first stream event) carries the fleet's
     current version, or none; anything else is judged by reply_check.resend_stale."""
-    current = fleet.current()
-    for item in items:
-        meta = item.get("meta_info")
-        version = meta.get("weight_version") if meta else None
-        if version is not None and version != current:
-            return False
-    return True
+    return reply_versions(items) <= {fleet.current()}
 
 
 async def _nothing(reply) -> None:
@@ -103,7 +97,7 @@ async def _close_stream(opened) -> None:
     await opened[0].aclose()
 
 
-async def _open_stream(ctx: ProxyContext, call: SGLangRequest, lora: Reloads | None,
+async def _open_stream(ctx: Upstream, call: SGLangRequest, lora: Reloads | None,
                        stack: contextlib.AsyncExitStack):
     """The stream and its first batch of events, through the client's retry point (an HTTP error before it
     raises here)."""
@@ -112,7 +106,7 @@ async def _open_stream(ctx: ProxyContext, call: SGLangRequest, lora: Reloads | N
     return stream, first
 
 
-async def _relay(request: web.Request, response: web.StreamResponse, ctx: ProxyContext, stream, rids: list[str],
+async def _relay(request: web.Request, response: web.StreamResponse, ctx: Upstream, stream, rids: list[str],
                  rules: OutputRules, frames: StreamFrames, stats: RequestStats) -> None:
     """Every further event, translated and written as it arrives (from the stream's read callback)."""
     out = SSEWriter(request, response)

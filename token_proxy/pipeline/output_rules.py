@@ -13,14 +13,13 @@ Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token id
 
 `feed` runs once per stream event, that is per token: `feed_running` is `feed` for the common event (a
 plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py). Both
-run one core, `_advance` (every state change an event makes, written out without helper calls: it runs
-per token); `feed` adds the choice's start and finish around it.
+run one core, `_advance` (every state change an event makes; `_release` decides the text that can go out);
+`feed` adds the choice's start and finish around it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from token_proxy.vocabulary import FinishedChoice, Output, SamplingRequest, Usage
 
@@ -33,25 +32,12 @@ _NO_ITEMS: list = []  # never changed: an event without ids or logprobs
 # a long output is not copied whole on every event (quadratic: seconds of CPU at 64k tokens).
 _COMPACT_AT = 4096
 NOT_RUNNING = object()  # feed_running: not a running choice's plain event, use `feed`
-_RUNNING: Any = object()  # _advance's index when called as feed_running
 
 
 def proxy_stop_ids(sampling: SamplingRequest) -> frozenset[int]:
     """Stop ids the proxy must enforce itself: SGLang's ignore_eos also disables stop_token_ids,
     vLLM's does not."""
     return frozenset(sampling.stop_token_ids) if sampling.ignore_eos else frozenset()
-
-
-def usage_body(usage: Usage, drop_nulls: bool = False) -> dict:
-    """vLLM's UsageInfo, in its key order; streams' usage chunks drop the nulls."""
-    report = {
-        "prompt_tokens": usage.prompt_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "prompt_tokens_details": None if usage.cached_tokens is None else {"cached_tokens": usage.cached_tokens},
-        "completion_tokens_details": None,
-    }
-    return {k: v for k, v in report.items() if v is not None} if drop_nulls else report
 
 
 def map_finish(finish: dict | None, eos_token_id: int | None) -> tuple[str | None, int | str | None]:
@@ -187,13 +173,15 @@ class OutputRules:
         return self._feed(event.get("index", 0), event)
 
     def _feed(self, index: int, event: dict) -> Output | None:
-        new = self._advance(event, index)
+        if not 0 <= index < len(self._choices) or self._choices[index].finished:
+            return None
+        state = self._choices[index]
+        meta = event.get("meta_info") or {}
+        new = self._advance(state, index, event, meta, meta.get("finish_reason"))
         if new is None:
             return None
         text, ids, logprobs, top, finish = new
-        state = self._choices[index]
         first, state.started = not state.started, True
-        meta = event.get("meta_info") or {}
         if finish is None:
             return Output(index, text, ids, logprobs, top, None, None, first, meta, state.ids_seen)
         state.finished = True
@@ -204,34 +192,28 @@ class OutputRules:
         return Output(index, text, ids, logprobs, top, finish_reason, stop_reason, first, meta, state.ids_seen,
                       self._versions.spans(index, state.ids_seen, meta.get("weight_versions")))
 
-    def _advance(self, event: dict, index: int = _RUNNING) -> tuple | object | None:
+    def feed_running(self, event: dict) -> tuple | object | None:
+        """`feed` for a `plain` stream's event that continues its started choice -> `_advance`'s tuple (use
+        its first two items, the new text and ids) or None; any other event (the first, the last, another
+        index) returns NOT_RUNNING untouched: `feed` it."""
+        meta = event.get("meta_info") or _EMPTY
+        state = self._choices[0]
+        if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
+            return NOT_RUNNING
+        return self._advance(state, 0, event, meta, None)
+
+    def _advance(self, state: _Choice, index: int, event: dict, meta: dict, finish) -> tuple | None:
         """Every state change one event makes to its choice -> (text, ids, logprobs, top, finish) to send, or
         None when there is nothing to send yet: cached tokens and the weight version from meta_info; the new
         ids and logprobs (a cumulative stream's events repeat what was seen) counted; the text taken (an
         incremental one compacted, see _COMPACT_AT); a proxy stop id cut (it sets `finish`); the text that
-        can be released (not a possible stop string's start, not an incomplete character; at the finish,
-        the final text); the weight version's span. `_feed` adds the choice's start and finish.
-
-        Called without `index`, it is `feed_running`: for a `plain` stream's event that continues its
-        started choice (use the first two items, the new text and ids); any other event (the first, the
-        last, another index) returns NOT_RUNNING untouched: `feed` it. One function for both, with its
-        helpers written out, because it runs once per token."""
-        meta = event.get("meta_info") or _EMPTY
-        if index is _RUNNING:
-            state = self._choices[0]
-            if not state.started or state.finished or meta.get("finish_reason") is not None or event.get("index", 0):
-                return NOT_RUNNING
-            index, finish = 0, None
-        else:
-            if not 0 <= index < len(self._choices) or self._choices[index].finished:
-                return None
-            state = self._choices[index]
-            finish = meta.get("finish_reason")
-        # Written without branches (the complexity this per-token function may spend is on its rules):
-        # a truthy cached_tokens replaces the count; a weight_version key, even null, replaces the version.
-        self.cached_tokens = meta.get("cached_tokens") or self.cached_tokens
+        can be released (`_release`); the weight version's span. `_feed` adds the choice's start and finish."""
+        cached = meta.get("cached_tokens")
+        if cached:
+            self.cached_tokens = cached
         version = meta.get("weight_version")
-        self.weight_version = version if "weight_version" in meta else self.weight_version
+        if "weight_version" in meta:  # even null: SGLang says which weights, or that it does not know
+            self.weight_version = version
         ids = event.get("output_ids") or _NO_ITEMS
         logprobs = meta.get("output_token_logprobs")
         if logprobs:  # the top rows come with them (SGLang's top_logprobs_num needs return_logprob)
@@ -256,26 +238,32 @@ class OutputRules:
         if self._stop_ids:
             ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
             new_tokens = len(ids)
-        text, sent = state.text, state.sent_chars
-        if finish is not None:
-            end = len(self._final_text(state, finish))
-        else:
-            end = max(len(text) - self._holdback, sent) if self._holdback else len(text)
-            while end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits for its end
-                end -= 1
-        if end > sent:
-            state.sent_chars = end
-            text = text[sent:end]
-        elif ids or finish is not None:
+        text = self._release(state, finish)
+        if text is None:
+            if not ids and finish is None:
+                return None
             text = ""
-        else:
-            return None
         if version is not None and new_tokens and version != state.version:
             state.version = version
             self._versions.track(index, version, state.ids_seen - new_tokens)
         return text, ids, logprobs, top, finish
 
-    feed_running = _advance  # the same function (a call less per token); see its docstring
+    def _release(self, state: _Choice, finish) -> str | None:
+        """The choice's text that can go out now (None: none yet): at the finish, the final text; before it,
+        what cannot be a stop string's start nor an incomplete character."""
+        text, sent = state.text, state.sent_chars
+        if finish is not None:
+            end = len(self._final_text(state, finish))
+        elif self._holdback:
+            end = max(len(text) - self._holdback, sent)
+        else:
+            end = len(text)
+        while finish is None and end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits
+            end -= 1
+        if end <= sent:
+            return None
+        state.sent_chars = end
+        return text[sent:end]
 
     def _final_text(self, state: _Choice, finish: dict) -> str:
         """Incremental streams may still end in the stop string; vLLM trims it unless asked not to."""

@@ -27,7 +27,7 @@ from token_proxy.pipeline.output_rules import OutputRules
 from token_proxy.pipeline.reply_check import REPLY_CHECK, refuse_if_unavailable
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
 from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
-from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.state import Upstream
 from token_proxy.vocabulary import ModelTarget, Output, ResponseMeta, SamplingRequest, Usage
 
 GREEDY_BELOW = 1e-6  # SGLang decodes greedily below this temperature
@@ -43,17 +43,11 @@ ModelResolver = Callable[[str], Awaitable[ModelTarget]]
 MODEL_RESOLVER = web.AppKey("model_resolver", ModelResolver)
 
 
-def release_target(target: ModelTarget) -> None:
-    """The request ended: let go of what its model needed (an adapter's lease), if anything."""
-    if target.lease is not None:
-        target.lease.release()
-
-
 def unknown_model(requested: str) -> NotFound:
     return NotFound(f"The model `{requested}` does not exist.", param="model")
 
 
-async def resolve_target(app: web.Application, ctx: ProxyContext, requested: str | None) -> ModelTarget:
+async def resolve_target(app: web.Application, ctx: Upstream, requested: str | None) -> ModelTarget:
     """The request's `model` -> its target. Absent means the served model, as do its aliases; any other
     name is the registered resolver's (MODEL_RESOLVER), or vLLM's 404 "The model `x` does not exist."."""
     served = ctx.served_model_name
@@ -79,7 +73,7 @@ class Prepared:
     response_id: str
 
 
-async def prepare(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, stats: RequestStats) -> Prepared:
+async def prepare(request: web.Request, ctx: Upstream, endpoint: Endpoint, stats: RequestStats) -> Prepared:
     """Resolve the model, apply the seed rule, make the prompt ids, their limits and the response id.
     The caller releases `target` (it is released here if a later step fails)."""
     job = endpoint.job
@@ -91,7 +85,7 @@ async def prepare(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, s
         limits = [max_tokens_for(ctx, sampling, ids) for ids in prompts]
         return Prepared(target, sampling, prompts, limits, response_id(request, job))
     except BaseException:
-        release_target(target)
+        target.release()
         raise
 
 
@@ -119,25 +113,27 @@ class Endpoint(Protocol):
 
     job: Job
 
-    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]: ...
+    async def prompt_ids(self, ctx: Upstream, stats: RequestStats) -> list[list[int]]: ...
 
-    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> Formatter: ...
+    async def formatter(self, ctx: Upstream, meta: ResponseMeta) -> Formatter: ...
 
 
-async def run_pipeline(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-    ctx, job, stats = request.app[CONTEXT], endpoint.job, stats_of(request)
+async def run_pipeline(request: web.Request, ctx: Upstream, endpoint: Endpoint) -> web.StreamResponse:
+    """The sequence, over the `Upstream` the handler took (the request's one look at the app's SGLang)."""
+    job, stats = endpoint.job, stats_of(request)
     stats.stream = job.stream
     prepared = await prepare(request, ctx, endpoint, stats)
     target = prepared.target
     try:
         return await _serve(request, ctx, endpoint, prepared, stats)
     finally:
-        release_target(target)
+        target.release()
 
 
-def max_tokens_for(ctx: ProxyContext, sampling: SamplingRequest, ids: list[int]) -> int:
+def max_tokens_for(ctx: Upstream, sampling: SamplingRequest, ids: list[int]) -> int:
     """The limits step: vLLM's max_tokens rule against this server's context and prompt limits."""
-    return resolve_max_tokens(sampling, len(ids), ctx.max_model_len, ctx.backend.max_prompt_len)
+    backend = ctx.backend
+    return resolve_max_tokens(sampling, len(ids), backend.max_model_len, backend.max_prompt_len)
 
 
 def response_id(request: web.Request, job: Job) -> str:
@@ -145,7 +141,7 @@ def response_id(request: web.Request, job: Job) -> str:
     return new_request_id(job.id_prefix, job.request_id or header_request_id(request))
 
 
-async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, prepared: Prepared,
+async def _serve(request: web.Request, ctx: Upstream, endpoint: Endpoint, prepared: Prepared,
                  stats: RequestStats) -> web.StreamResponse:
     job, target, sampling, prompts = endpoint.job, prepared.target, prepared.sampling, prepared.prompts
     stats.prompt_tokens = sum(len(ids) for ids in prompts)
@@ -167,7 +163,7 @@ async def _serve(request: web.Request, ctx: ProxyContext, endpoint: Endpoint, pr
     return json_response(formatter.response(outputs, rules.usage()))
 
 
-def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, prompt_tokens: int,
+def output_rules(ctx: Upstream, sampling: SamplingRequest, prompts: int, prompt_tokens: int,
                  stream: bool) -> OutputRules:
     skip = sampling.skip_special_tokens
     texts = ctx.token_texts
@@ -175,7 +171,7 @@ def output_rules(ctx: ProxyContext, sampling: SamplingRequest, prompts: int, pro
                        lambda ids: texts.decode(ids, skip), incremental=not stream or ctx.backend.incremental_stream)
 
 
-def checked_seed(request: web.Request, ctx: ProxyContext, sampling: SamplingRequest) -> SamplingRequest:
+def checked_seed(request: web.Request, ctx: Upstream, sampling: SamplingRequest) -> SamplingRequest:
     """vLLM always honours `seed`; SGLang only with --enable-deterministic-inference. Clients written for
     vLLM (SkyRL samples with a seed and temperature > 0) must run unmodified: the seed is sent (as
     sampling_seed) and, when SGLang will ignore it, the request still runs and says so: the response

@@ -34,10 +34,10 @@ NEWS = web.AppKey("owner_news", OwnerNews)
 async def adapters_poll(request: web.Request) -> web.Response:
     body = await read_json(request)
     publisher = request.app[PUBLISHER]
-    worker = int(body["worker"])
-    publisher.report(worker, int(body["seq"]), int(body["seen"]), [str(i) for i in body.get("held", [])])
+    process = int(body["process"])
+    publisher.report(process, int(body["seq"]), int(body["seen"]), [str(i) for i in body.get("held", [])])
     await publisher.wait_for_change(int(body["seen"]), float(body.get("wait", 20.0)))
-    return json_response(publisher.offer(worker))
+    return json_response(publisher.offer(process))
 
 
 async def news_poll(request: web.Request) -> web.Response:

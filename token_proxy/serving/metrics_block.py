@@ -1,13 +1,13 @@
 """/metrics with --workers N: the series only one process may produce.
 
-Workers count requests, tokens and latencies in prometheus-client's multiprocess files (merged at
-every scrape, whichever worker takes it). These come from the admin owner instead, rendered as one
-text block each worker appends:
+Serving processes count requests, tokens and latencies in prometheus-client's multiprocess files (merged at
+every scrape, whichever serving process takes it). These come from the admin owner instead, rendered as one
+text block each serving process appends:
 - the `vllm:` view and its health (the owner alone reads SGLang's /metrics: one scrape, not N);
 - token_proxy_weight_version{,_info} (a label per version must not live in multiprocess files, where
   old label values never disappear);
 - token_proxy_lora_adapter_loaded_timestamp_seconds (the owner's registry);
-- process_* summed over the supervisor and every worker, and python_info (prometheus-client's own
+- process_* summed over the supervisor and every serving process, and python_info (prometheus-client's own
   process collector reads one pid, and does not work in multiprocess mode).
 """
 
@@ -26,18 +26,18 @@ from token_proxy.ops.metrics import METRICS
 
 log = logging.getLogger(__name__)
 
-# Not token_proxy_lora_adapter_requests_in_flight: the owner's registry counts the workers' holds
+# Not token_proxy_lora_adapter_requests_in_flight: the owner's registry counts the serving processes' holds
 # (adapter_sync.py), not requests; with --workers N that series is left out.
 OWNER_FAMILIES = ("vllm:", "token_proxy_backend_metrics_", "token_proxy_weight_version", "token_proxy_fence",
                   "token_proxy_lora_adapter_loaded_timestamp_seconds", "python_info")
-WORKERS = web.AppKey("workers", list)  # the supervisor's worker processes (asyncio Process), by index
+PROCESSES = web.AppKey("serving_processes", list)  # the supervisor's serving process processes (asyncio Process), by index
 CONTROL_SESSION = web.AppKey("control_session", aiohttp.ClientSession)
 BLOCK_TIMEOUT_S = 2.0
 
 
 class OwnerFamilies:
     """The owner registry's families that only it produces (not vLLM's per-request ones, which the
-    workers count)."""
+    serving processes count)."""
 
     def __init__(self, metrics):
         self.registry, self.per_worker = metrics.registry, metrics.per_request_vllm
@@ -78,13 +78,13 @@ class ProcessTreeCollector:
 async def render_owner_block(app: web.Application) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OwnerFamilies(app[METRICS]))
-    workers = app.get(WORKERS, [])
-    registry.register(ProcessTreeCollector(lambda: [os.getpid(), *(proc.pid for proc in workers)]))
+    processes = app.get(PROCESSES, [])
+    registry.register(ProcessTreeCollector(lambda: [os.getpid(), *(proc.pid for proc in processes)]))
     return generate_latest(registry)
 
 
 async def fetch_owner_block(app: web.Application) -> bytes:
-    """A worker's /metrics: the owner's block, or nothing (logged) when the owner does not answer."""
+    """A serving process's /metrics: the owner's block, or nothing (logged) when the owner does not answer."""
     try:
         timeout = aiohttp.ClientTimeout(total=BLOCK_TIMEOUT_S)
         async with app[CONTROL_SESSION].get("http://owner/_internal/metrics", timeout=timeout) as resp:

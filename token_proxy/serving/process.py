@@ -17,10 +17,10 @@ import socket
 import sys
 from pathlib import Path
 
-from token_proxy.role import WORKER, Role
+from token_proxy.role import SERVING, Role
 
 PR_SET_PDEATHSIG = 1
-RESTARTED_ENV = "TOKEN_PROXY_WORKER_RESTARTED"  # set by the supervisor for a serving process started again
+RESTARTED_ENV = "TOKEN_PROXY_PROCESS_RESTARTED"  # set by the supervisor for a serving process started again
 
 
 def bind_reuse_port(host: str, port: int) -> socket.socket:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     from token_proxy.serving.serve import exit_at_once, serve
 
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
-    role = Role(WORKER, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))
+    role = Role(SERVING, index=int(index), control_socket=str(Path(run_dir) / "control.sock"))
     sock = bind_reuse_port(settings.host, settings.port)
     restarted = os.environ.get(RESTARTED_ENV) == "1"
     if not restarted:  # the first start: the port opens at once and answers 503 until SGLang is connected

@@ -19,7 +19,7 @@ from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.resolve import register_resolver
 from token_proxy.lora.sync import AdapterFollower
 from token_proxy.lora.workers import LORA
-from token_proxy.ops.access_log import WORKER_INDEX
+from token_proxy.ops.access_log import PROCESS_INDEX
 from token_proxy.ops.exposition import EXTRA_METRICS
 from token_proxy.role import ROLE
 from token_proxy.route_row import OWNER
@@ -66,12 +66,12 @@ async def forward_to_owner(request: web.Request) -> web.StreamResponse:
 
 
 async def internal_only(request: web.Request) -> web.StreamResponse:
-    """The owner's /_internal/ routes are for workers, never forwarded for a client."""
+    """The owner's /_internal/ routes are for serving processes, never forwarded for a client."""
     raise NotFound(f"{request.path} is not a route of this server")
 
 
 class RemoteLora:
-    """What the data path needs of LoraAdmin (retry_if_lost): ask the owner to re-load lost adapters."""
+    """What the data path needs of LoraAdmin (`Reloads`, for the client's retry point): ask the owner to re-load lost adapters."""
 
     def __init__(self, session: aiohttp.ClientSession):
         self.session = session
@@ -101,17 +101,17 @@ class OwnerReadiness:
         return None if self.ready else f"the proxy's admin process is not ready: {body.get('reason')}"
 
 
-def add_worker_plane(app: web.Application) -> None:
+def add_serving_plane(app: web.Application) -> None:
     """In place of routes.add_admin_plane: the route table's OWNER rows, each forwarded, then the catch-all."""
     add_rows(app, [route for route in ROUTES if route.worker == OWNER], handler=forward_to_owner)
     app.router.add_route("*", "/_internal/{tail:.*}", internal_only)
     app.router.add_route("*", "/{tail:.*}", forward_to_owner)
-    app.cleanup_ctx.append(_worker_state)
+    app.cleanup_ctx.append(_serving_state)
 
 
-async def _worker_state(app: web.Application):
+async def _serving_state(app: web.Application):
     role = app[ROLE]
-    app[WORKER_INDEX] = role.index
+    app[PROCESS_INDEX] = role.index
     connector = aiohttp.UnixConnector(path=role.control_socket, limit=0)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         app[CONTROL_SESSION] = session
@@ -131,7 +131,7 @@ async def _worker_state(app: web.Application):
         news = NewsFollower(session, role.index, app[CONTEXT], lambda: app.get(SESSIONS))  # name, finished sessions
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(follower.run()), loop.create_task(mirror.run()), loop.create_task(news.run())]
-        with contextlib.suppress(asyncio.TimeoutError):  # the owner is up before workers start
+        with contextlib.suppress(asyncio.TimeoutError):  # the owner is up before serving processes start
             await asyncio.wait_for(asyncio.gather(follower.first_map.wait(), mirror.first.wait(), news.first.wait()),
                                    5.0)
         yield

@@ -1,5 +1,5 @@
-"""Serving one process: the app for its role (single, owner or worker) on a listening socket, on uvloop
-where it is installed. The CLI runs it for one process; a --workers N worker (process.py) runs it too.
+"""Serving one process: the app for its role (single, owner or serving process) on a listening socket, on uvloop
+where it is installed. The CLI runs it for one process; a --workers N serving process (process.py) runs it too.
 """
 
 from __future__ import annotations
@@ -14,29 +14,29 @@ import socket
 import sys
 from collections.abc import Callable
 
-from token_proxy.role import OWNER, WORKER, Role
+from token_proxy.role import OWNER, SERVING, Role
 from token_proxy.settings import Settings
 
 log = logging.getLogger("token_proxy")  # the CLI's start and stop lines
 
 
 def planes_for(role: Role | None) -> Callable | None:
-    """What create_app adds for a role: a worker, the data plane with admin routes forwarded to the owner;
+    """What create_app adds for a role: a serving process, the data plane with admin routes forwarded to the owner;
     the owner, the control routes (before the admin plane's catch-all pass-through), every route, and the
     control state; None (the app's own add_routes) for a single process."""
     kind = role.kind if role is not None else None
-    if kind == WORKER:
-        return add_worker_planes
+    if kind == SERVING:
+        return add_serving_planes
     if kind == OWNER:
         return add_owner_planes
     return None
 
 
-def add_worker_planes(app) -> None:
+def add_serving_planes(app) -> None:
     from token_proxy.routes import add_routes
-    from token_proxy.serving.process_app import add_worker_plane
+    from token_proxy.serving.process_app import add_serving_plane
 
-    add_routes(app, add_admin=add_worker_plane)
+    add_routes(app, add_admin=add_serving_plane)
 
 
 def add_owner_planes(app) -> None:
@@ -72,21 +72,21 @@ def serve(settings: Settings, sock: socket.socket, role=None, listen_when_ready:
 
     app[ON_FATAL] = stop
     port = sock.getsockname()[1]
-    worker = f" (worker {role.index})" if role is not None and role.index is not None else ""
+    process = f" (serving process {role.index})" if role is not None and role.index is not None else ""
 
     async def say_shutting_down(app: web.Application) -> None:  # SIGTERM / SIGINT: before the drain
         ctx = app.get(CONTEXT)
         log.info("token-proxy shutting down%s: not accepting; %d requests in flight get up to %g s "
-                 "(--shutdown-timeout)", worker, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
+                 "(--shutdown-timeout)", process, len(ctx.in_flight) if ctx else 0, settings.shutdown_timeout_s)
 
     app.on_shutdown.append(say_shutting_down)
     if listen_when_ready:
         app.on_startup.append(until_ready)  # after the cleanup contexts (CONTEXT): run_app listens after it
-        log.info("token-proxy%s: listening on %s://%s:%d/v1 once SGLang at %s is connected", worker,
+        log.info("token-proxy%s: listening on %s://%s:%d/v1 once SGLang at %s is connected", process,
                  scheme(settings), settings.host, port, settings.backend_url)
     else:
         log.info("token-proxy listening on %s://%s:%d/v1%s -> %s (answering 503 until SGLang is connected)",
-                 scheme(settings), settings.host, port, worker, settings.backend_url)
+                 scheme(settings), settings.host, port, process, settings.backend_url)
     # aiohttp's own timeout is a backstop: at --shutdown-timeout each request still running answers an
     # error (ops/drain.py) and ends.
     web.run_app(app, sock=sock, handler_cancellation=True, shutdown_timeout=settings.shutdown_timeout_s + SERVER_GRACE_S,

@@ -4,7 +4,11 @@ versions.py), the client and its one retry point (client.py, retry_rules.py), th
 body (payload.py, sampling.py), requests in flight (in_flight.py), pause modes (pause.py) and the
 admin fan-out to every worker (workers.py)."""
 
-from token_proxy.faces import door
+from token_proxy.sglang.client import SGLangClient
+from token_proxy.sglang.payload import sglang_request
+from token_proxy.sglang.picture import SGLangPicture
+from token_proxy.sglang.versions import SGLangFeatures
+from token_proxy.sglang.workers import WORKERS, WorkerReply, Workers
 
 __all__ = [
     "WORKERS",
@@ -15,13 +19,3 @@ __all__ = [
     "Workers",
     "sglang_request",
 ]
-
-__getattr__ = door(__name__, {
-    "WORKERS": "workers",
-    "SGLangClient": "client",
-    "SGLangFeatures": "versions",
-    "SGLangPicture": "picture",
-    "WorkerReply": "workers",
-    "Workers": "workers",
-    "sglang_request": "payload",
-})

@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import orjson
 
@@ -297,8 +296,10 @@ def _build(tokenizer, timings: list[tuple[str, float]]) -> tuple[FastBpe | None,
     except Exception as exc:  # noqa: BLE001 -- tiktoken refuses the regex or ranks: tokenizers encodes
         return None, f"tiktoken refused it ({' '.join(str(exc).split())[:200]})"
     specials = encoding.special_tokens_set
-    # A partial, not a def: no frame of this module's per encode (tests/pipeline/test_request_path.py).
-    encode = partial(encoding.encode, allowed_special="all", disallowed_special=())
+    encode_text = encoding.encode
+
+    def encode(text: str) -> list[int]:
+        return encode_text(text, allowed_special="all", disallowed_special=())
 
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
 

@@ -20,7 +20,7 @@ from token_proxy.api.fields import bad, opt_int, opt_request_id, opt_str, token_
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.request_state import new_request_id, now
 from token_proxy.pipeline.run import output_rules
-from token_proxy.state import CONTEXT
+from token_proxy.state import upstream_of
 from token_proxy.vocabulary import ResponseMeta
 
 _PLACEHOLDER_CHAT = {"messages": [{"role": "user", "content": ""}]}
@@ -28,7 +28,7 @@ _FINISHES = ("stop", "length", "abort", None)
 
 
 async def chat_completions_derender(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     body = await read_json(request)
     if body.get("stream"):
         raise bad("stream", "streaming derender is not supported: send the whole generate_response, stream false")

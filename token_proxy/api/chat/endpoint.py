@@ -18,39 +18,39 @@ from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import json_response, read_json
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.request_state import RequestStats, stats_of
-from token_proxy.pipeline.run import prepare, release_target, run_pipeline
+from token_proxy.pipeline.run import prepare, run_pipeline
 from token_proxy.sglang.payload import with_sampling_overrides
-from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.state import Upstream, upstream_of
 from token_proxy.vocabulary import ResponseMeta
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     body = await read_json(request)
     flags = tool_flags(ctx)
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
     features = ChatFeatures.for_request(req, body, request.headers, flags)  # None: a plain chat
     session = ChatSession.of(request, features.session_key) if features and features.session_key else None
-    return await run_pipeline(request, ChatEndpoint(req, features, session))
+    return await run_pipeline(request, ctx, ChatEndpoint(req, features, session))
 
 
 async def chat_completions_tokens(request: web.Request) -> web.StreamResponse:
     """Older prime-rl/verifiers: a chat request whose prompt is `tokens`, not the rendered messages
     (the messages only give context, such as tools)."""
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     body = await read_json(request)
     tokens = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size)
     flags = tool_flags(ctx)
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
     req = dataclasses.replace(req, prompt_ids=tuple(tokens))
-    return await run_pipeline(request, ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags)))
+    return await run_pipeline(request, ctx, ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags)))
 
 
 async def chat_completions_render(request: web.Request) -> web.Response:
     """vLLM's render: the chat request parsed, then the pipeline's own `prepare` (model, seed rule, prompt
     ids, limits, response id) exactly as /v1/chat/completions runs it, answered as vLLM's GenerateRequest
     (token_ids, sampling_params, ...) without calling SGLang. SkyRL reads `token_ids` and `features`."""
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     body = await read_json(request)
     if isinstance(body, dict) and body.get("use_beam_search"):
         raise InvalidRequest("Beam search is not supported by the render endpoint")  # vLLM's words
@@ -58,14 +58,14 @@ async def chat_completions_render(request: web.Request) -> web.Response:
     req = parse_chat_request(body, ctx.tokenizer_info.vocab_size, flags)
     endpoint = ChatEndpoint(req, ChatFeatures.for_request(req, body, None, flags))
     prepared = await prepare(request, ctx, endpoint, stats_of(request))
-    release_target(prepared.target)  # a known model or adapter (vLLM's 404); nothing is generated
+    prepared.target.release()  # a known model or adapter (vLLM's 404); nothing is generated
     (ids,), (max_tokens,) = prepared.prompts, prepared.limits
     reasoning_kwargs = dict(req.prompt.chat_template_kwargs or {}) if ctx.settings.reasoning_parser else None
     return json_response(render_response(req, prepared.sampling, ids, max_tokens, prepared.response_id, body,
                                          reasoning_kwargs))
 
 
-def tool_flags(ctx: ProxyContext) -> ToolFlags:
+def tool_flags(ctx: Upstream) -> ToolFlags:
     settings = ctx.settings
     return ToolFlags(ctx.tool_parser, settings.enable_auto_tool_choice, settings.exclude_tools_when_tool_choice_none,
                      settings.reasoning_parser, settings.tool_call_streaming)
@@ -95,7 +95,7 @@ class ChatEndpoint:
         self.job = Job("chatcmpl", req.model, sampling, req.output.stream, req.request_id, req.cache_salt,
                        req.priority)
 
-    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
+    async def prompt_ids(self, ctx: Upstream, stats: RequestStats) -> list[list[int]]:
         req = self.req
         if self.session is not None and req.prompt_ids is None and req.truncate_prompt_tokens is None:
             return [await self.session.prompt_ids(ctx, req.prompt, stats)]
@@ -109,7 +109,7 @@ class ChatEndpoint:
             self.session.unsupported(len(ids))
         return [ids]
 
-    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> ChatFormatter:
+    async def formatter(self, ctx: Upstream, meta: ResponseMeta) -> ChatFormatter:
         sampling = self.req.sampling
         # Token names are for logprobs only: a chat that asks for none never builds a namer.
         namer = (TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)

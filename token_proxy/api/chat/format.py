@@ -15,7 +15,6 @@ from typing import Protocol
 
 from token_proxy.api.chat.request import ChatRequest
 from token_proxy.api.logprobs import TokenNamer, chat_logprob_content, prompt_logprobs
-from token_proxy.pipeline.output_rules import usage_body
 from token_proxy.tools import OutputParsing, StreamParser, merge_deltas
 from token_proxy.tools import finish_reason as tool_finish_reason
 from token_proxy.vocabulary import Output, ResponseMeta, Usage
@@ -128,7 +127,7 @@ class ChatFormatter:
             "choices": [self._choice(out) for out in outputs],
             "service_tier": None,
             "system_fingerprint": None,
-            "usage": usage_body(usage),
+            "usage": usage.body(),
             "prompt_logprobs": self._prompt_logprobs(first),
             "prompt_token_ids": self._prompt_ids if self._returns_prompt_ids else None,
             "prompt_text": None,
@@ -215,7 +214,7 @@ class ChatFormatter:
             return []
         meta = self._meta
         return [{"id": meta.response_id, "object": "chat.completion.chunk", "created": meta.created,
-                 "model": meta.model, "choices": [], "usage": usage_body(usage, drop_nulls=True)}]
+                 "model": meta.model, "choices": [], "usage": usage.body(drop_nulls=True)}]
 
     def _chunk(self, choice: dict, completion_tokens: int, **extra) -> dict:
         meta = self._meta

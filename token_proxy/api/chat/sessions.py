@@ -28,7 +28,7 @@ from token_proxy.sessions import (
     TemplateCodec,
 )
 from token_proxy.sessions.keys import SESSION_ID_FIELD, SESSION_ID_HEADER, session_key
-from token_proxy.state import REGISTER_COLLECTOR, SETTINGS, ProxyContext
+from token_proxy.state import REGISTER_COLLECTOR, SETTINGS, Upstream
 from token_proxy.tokenization.renderer import ChatPrompt
 from token_proxy.vocabulary import Output, Usage
 
@@ -85,10 +85,10 @@ class ChatSession:
         store = request.app.get(SESSIONS)
         return cls(request, store, key) if store is not None else None
 
-    async def prompt_ids(self, ctx: ProxyContext, prompt: ChatPrompt, stats: RequestStats) -> list[int]:
+    async def prompt_ids(self, ctx: Upstream, prompt: ChatPrompt, stats: RequestStats) -> list[int]:
         start = time.perf_counter()
-        self._executor = ctx.executor
-        self.plan = await self.store.prompt_ids_async(ctx.executor, self.key, prompt.messages,
+        self._executor = ctx.renderer.executor
+        self.plan = await self.store.prompt_ids_async(ctx.renderer.executor, self.key, prompt.messages,
                                                       TemplateCodec(ctx.renderer.tokenizer, prompt,
                                                                     ctx.renderer.encoder))
         stats.render_s = time.perf_counter() - start

@@ -15,14 +15,14 @@ from token_proxy.http_io import read_json
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.run import run_pipeline
-from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.state import Upstream, upstream_of
 from token_proxy.vocabulary import ResponseMeta
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     req = parse_completion_request(await read_json(request), ctx.tokenizer_info.vocab_size)
-    return await run_pipeline(request, CompletionEndpoint(req))
+    return await run_pipeline(request, ctx, CompletionEndpoint(req))
 
 
 @dataclass(slots=True)
@@ -33,7 +33,7 @@ class CompletionEndpoint:
     def __post_init__(self) -> None:
         self.job = Job.of("cmpl", self.req, stream=self.req.output.stream)
 
-    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
+    async def prompt_ids(self, ctx: Upstream, stats: RequestStats) -> list[list[int]]:
         req = self.req
 
         async def ids_of(prompt) -> list[int]:
@@ -44,11 +44,11 @@ class CompletionEndpoint:
 
         return list(await asyncio.gather(*(ids_of(p) for p in req.prompts)))
 
-    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> CompletionFormatter:
+    async def formatter(self, ctx: Upstream, meta: ResponseMeta) -> CompletionFormatter:
         namer = TokenNamer(ctx.token_texts, self.req.output.return_tokens_as_token_ids)
         return CompletionFormatter(self.req, meta, namer, await self._prompt_texts(ctx, meta.prompt_ids))
 
-    async def _prompt_texts(self, ctx: ProxyContext, prompt_ids: list[list[int]]) -> list[str]:
+    async def _prompt_texts(self, ctx: Upstream, prompt_ids: list[list[int]]) -> list[str]:
         """Only echo needs the prompt text; token-id prompts are decoded for it."""
         if not self.req.echo:
             return [""] * len(prompt_ids)

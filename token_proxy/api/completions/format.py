@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from token_proxy.api.completions.request import CompletionRequest
 from token_proxy.api.logprobs import TokenNamer, completion_logprobs, prompt_logprobs
-from token_proxy.pipeline.output_rules import usage_body
 from token_proxy.vocabulary import Output, ResponseMeta, Usage
 
 
@@ -29,7 +28,7 @@ class CompletionFormatter:
         return {
             "id": meta.response_id, "object": "text_completion", "created": meta.created, "model": meta.model,
             "choices": [self._choice(out) for out in outputs],
-            "service_tier": None, "system_fingerprint": None, "usage": usage_body(usage),
+            "service_tier": None, "system_fingerprint": None, "usage": usage.body(),
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
         }
 
@@ -87,4 +86,4 @@ class CompletionFormatter:
             return []
         meta = self._meta
         return [{"id": meta.response_id, "object": "text_completion", "created": meta.created, "model": meta.model,
-                 "choices": [], "usage": usage_body(usage, drop_nulls=True)}]
+                 "choices": [], "usage": usage.body(drop_nulls=True)}]

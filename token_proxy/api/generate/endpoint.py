@@ -14,14 +14,14 @@ from token_proxy.http_io import read_json
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.run import run_pipeline
-from token_proxy.state import CONTEXT, ProxyContext
+from token_proxy.state import Upstream, upstream_of
 from token_proxy.vocabulary import ResponseMeta
 
 
 async def generate_tokens(request: web.Request) -> web.StreamResponse:
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     req = parse_generate_tokens(await read_json(request), ctx.tokenizer_info.vocab_size)
-    return await run_pipeline(request, GenerateEndpoint(req))
+    return await run_pipeline(request, ctx, GenerateEndpoint(req))
 
 
 @dataclass(slots=True)
@@ -32,8 +32,8 @@ class GenerateEndpoint:
     def __post_init__(self) -> None:
         self.job = Job.of("generate-tokens", self.req, stream=self.req.stream)
 
-    async def prompt_ids(self, ctx: ProxyContext, stats: RequestStats) -> list[list[int]]:
+    async def prompt_ids(self, ctx: Upstream, stats: RequestStats) -> list[list[int]]:
         return [self.req.token_ids]
 
-    async def formatter(self, ctx: ProxyContext, meta: ResponseMeta) -> GenerateFormatter:
+    async def formatter(self, ctx: Upstream, meta: ResponseMeta) -> GenerateFormatter:
         return GenerateFormatter(self.req, meta, TokenNamer(ctx.token_texts, as_ids=True))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from token_proxy.api.generate.request import GenerateTokensRequest
 from token_proxy.api.logprobs import TokenNamer, clamp, prompt_logprobs
-from token_proxy.pipeline.output_rules import usage_body
 from token_proxy.vocabulary import Output, ResponseMeta, Usage
 
 
@@ -57,7 +56,7 @@ class GenerateFormatter:
             "request_id": self._meta.response_id,
             "model": self._meta.model,
             "created": self._meta.created,
-            "usage": usage_body(usage),
+            "usage": usage.body(),
             "prompt_logprobs": prompt_lps,
             "prompt_token_id_logprobs": None,
             "prompt_token_ids": self._req.token_ids,
@@ -84,5 +83,5 @@ class GenerateFormatter:
     def finish(self, usage: Usage) -> list[dict]:
         if not self._req.include_usage:
             return []
-        return [{"request_id": self._meta.response_id, "usage": usage_body(usage, drop_nulls=True),
+        return [{"request_id": self._meta.response_id, "usage": usage.body(drop_nulls=True),
                  "output_mode": "tokens", "choices": []}]

@@ -1,12 +1,7 @@
 """POST /tokenize and /detokenize (endpoint.py): the served tokenizer and chat template, no SGLang call."""
 
-from token_proxy.faces import door
+from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 
 __all__ = [
     "detokenize", "tokenize",
 ]
-
-__getattr__ = door(__name__, {
-    "detokenize": "endpoint",
-    "tokenize": "endpoint",
-})

@@ -9,14 +9,14 @@ from aiohttp import web
 from token_proxy.api.fields import bad, opt_bool, opt_str, token_id_list
 from token_proxy.api.messages import parse_chat_prompt
 from token_proxy.http_io import json_response, read_json
-from token_proxy.pipeline.run import release_target, resolve_target
-from token_proxy.state import CONTEXT
+from token_proxy.pipeline.run import resolve_target
+from token_proxy.state import upstream_of
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     body = await read_json(request)
-    release_target(await resolve_target(request.app, ctx, opt_str(body, "model")))  # a known model or adapter
+    (await resolve_target(request.app, ctx, opt_str(body, "model"))).release()  # a known model or adapter
     if "messages" in body:
         ids = (await ctx.renderer.render_chat(parse_chat_prompt(body))).ids
     else:
@@ -32,9 +32,9 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
+    ctx = upstream_of(request.app)
     body = await read_json(request)
-    release_target(await resolve_target(request.app, ctx, opt_str(body, "model")))  # a known model or adapter
+    (await resolve_target(request.app, ctx, opt_str(body, "model"))).release()  # a known model or adapter
     ids = token_id_list(body.get("tokens"), "tokens", ctx.tokenizer_info.vocab_size, allow_empty=True)
     text = await _in_executor(ctx, ctx.token_texts.decode, ids, False)
     return json_response({"prompt": text})

@@ -207,19 +207,19 @@ FLAG_GROUPS = (
         ("--sim-tpot-ms", "sim_tpot_ms", float, "time per output token"),
     )),
 )
-_FLAGS = tuple(flag for _, flags in FLAG_GROUPS for flag in flags)
+FLAGS = tuple(flag for _, flags in FLAG_GROUPS for flag in flags)
 # Other spellings of a flag (vLLM's), accepted as the same option.
-_ALIASES = {
+ALIASES = {
     "--disable-log-requests": ("--disable-uvicorn-access-log",),
     "--context-length": ("--max-model-len",),  # vllm serve's name
     "--workers": ("--api-server-count",),  # vllm serve's name
 }
 # Deprecated flags: (flag, Settings field it sets, how its value maps onto that field). Hidden from --help.
-_DEPRECATED = (
+DEPRECATED = (
     ("--allow-unhonoured-seed", "require_honoured_seed", lambda allow: not allow),
 )
 # Flags that set a field to the opposite of their value, shown in --help: (flag, field, help).
-_INVERSES = (
+INVERSES = (
     ("--enable-log-requests", "disable_log_requests", ("vllm serve's spelling: write the per-request access "
      "line (the default here)")),
 )
@@ -254,11 +254,11 @@ UNSET_MEANS = {
     "sglang_api_key": "none",
     "tool_call_parser": "the one the chat template names", "reasoning_parser": "none",
 }
-_METAVARS = {int: "N", model_len: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME",
+METAVARS = {int: "N", model_len: "N", float: "SECONDS", flag_bool: "BOOL", url_list: "URL", lora_module: "NAME=PATH", several: "NAME",
              listed: "LIST"}
 
 
-def _shown_default(field: str, value) -> str:
+def shown_default(field: str, value) -> str:
     if value is None or value == () or field in ("api_key", "admin_key", "sglang_api_key"):
         return UNSET_MEANS.get(field, "none")
     if isinstance(value, bool):

@@ -20,26 +20,24 @@ import urllib.parse
 import urllib.request
 
 from token_proxy import __version__
-from token_proxy.cli_flags import (  # noqa: F401 (FLAG_GROUPS, _FLAGS: the flag table, read through cli too)
-    _ALIASES,
-    _DEPRECATED,
-    _FLAGS,
-    _INVERSES,
-    _METAVARS,
+from token_proxy.cli.flags import (
+    ALIASES,
+    DEPRECATED,
     DESCRIPTION,
     FLAG_GROUPS,
+    FLAGS,
+    INVERSES,
+    METAVARS,
     OTHER_VARIABLES,
-    UNSET_MEANS,
-    _shown_default,
     env_name,
     flag_bool,
     kubernetes_variable,
     lora_module,
     several,
+    shown_default,
     url_list,
 )
-from token_proxy.cli_start import StartupError, bind_port, reserve_port, simulator_process
-from token_proxy.ops.access_log import configure_logging
+from token_proxy.cli.start import StartupError, bind_port, reserve_port, simulator_process
 from token_proxy.settings import Settings
 from token_proxy.tokenization.loader import tokenizer_dir_problem
 
@@ -87,7 +85,7 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
         group = parser.add_argument_group(title)
         for flag, field, kind, help_text in flags:
             env = env_name(flag)
-            shown = _shown_default(field, getattr(defaults, field))
+            shown = shown_default(field, getattr(defaults, field))
             # An environment value is converted in parse_settings (not by argparse, whose error would
             # blame the flag for a value the variable gave).
             default = FromEnv(environ[env]) if env in environ else getattr(defaults, field)
@@ -97,15 +95,15 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
                 repeat["nargs"] = "+"
             if kind is flag_bool:  # a bare `--enable-auto-tool-choice` (vLLM's spelling) means true
                 repeat.update(nargs="?", const=True)
-            metavar = "MS" if field.endswith("_ms") else _METAVARS.get(kind, flag[2:].upper().replace("-", "_"))
+            metavar = "MS" if field.endswith("_ms") else METAVARS.get(kind, flag[2:].upper().replace("-", "_"))
             if field == "weight_dirs":
                 metavar = "DIR"
-            group.add_argument(flag, *_ALIASES.get(flag, ()), dest=field, type=kind, metavar=metavar,
+            group.add_argument(flag, *ALIASES.get(flag, ()), dest=field, type=kind, metavar=metavar,
                                help=f"{help_text} [default: {shown}; env {env}]", **repeat)
-    for flag, _, _ in _DEPRECATED:
+    for flag, _, _ in DEPRECATED:
         parser.add_argument(flag, dest="deprecated_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
                             const=True, default=None, help=argparse.SUPPRESS)
-    for flag, _, help_text in _INVERSES:
+    for flag, _, help_text in INVERSES:
         parser.add_argument(flag, dest="inverse_" + flag[2:].replace("-", "_"), type=flag_bool, nargs="?",
                             const=True, default=None, metavar="BOOL", help=f"{help_text} [env {env_name(flag)}]")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -114,7 +112,7 @@ def build_parser(environ: dict) -> argparse.ArgumentParser:
 
 def known_variables() -> frozenset[str]:
     """Every TOKEN_PROXY_* variable the proxy reads: one per flag (another spelling of a flag has none)."""
-    flags = [flag for flag, *_ in _FLAGS] + [flag for flag, *_ in _DEPRECATED] + [flag for flag, *_ in _INVERSES]
+    flags = [flag for flag, *_ in FLAGS] + [flag for flag, *_ in DEPRECATED] + [flag for flag, *_ in INVERSES]
     return frozenset(map(env_name, flags)) | OTHER_VARIABLES
 
 
@@ -125,7 +123,7 @@ def unknown_variable(environ) -> str | None:
     unknown = sorted(name for name in environ if name.startswith("TOKEN_PROXY_") and name not in known)
     if not unknown:
         return None
-    aliases = {env_name(alias): env_name(flag) for flag, spellings in _ALIASES.items() for alias in spellings}
+    aliases = {env_name(alias): env_name(flag) for flag, spellings in ALIASES.items() for alias in spellings}
     prefix = len("TOKEN_PROXY_")
     close = [aliases[unknown[0]]] if unknown[0] in aliases else [
         "TOKEN_PROXY_" + name for name in difflib.get_close_matches(unknown[0][prefix:], [k[prefix:] for k in known], n=1)]
@@ -158,7 +156,7 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings) if hasattr(args, f.name)}
     _apply_deprecated(args, values, environ)
     _apply_inverses(args, values, environ)
-    for flag, field, kind, _ in _FLAGS:  # environment values arrive as strings
+    for flag, field, kind, _ in FLAGS:  # environment values arrive as strings
         if kind is url_list:  # repeatable: the flags given, else the environment's comma list
             given = values[field]
             values[field] = tuple(u for urls in given for u in urls) if given else url_list(
@@ -200,13 +198,13 @@ def parse_settings(argv: list[str] | None = None, environ: dict | None = None) -
 
 
 def given_on_command_line(flag: str, argv: list[str]) -> bool:
-    spellings = (flag, *_ALIASES.get(flag, ()))
+    spellings = (flag, *ALIASES.get(flag, ()))
     return any(arg == s or arg.startswith(s + "=") for arg in argv for s in spellings)
 
 
 def blame(message: str, argv: list[str], environ) -> str:
     """A Settings error names the flag; when the value came from its environment variable, name that."""
-    for flag, *_ in _FLAGS:
+    for flag, *_ in FLAGS:
         if message.startswith(flag + " ") and not given_on_command_line(flag, argv) and env_name(flag) in environ:
             return f"{env_name(flag)} ({flag}){message[len(flag):]}"
     return message
@@ -220,7 +218,7 @@ def _bool_flag(args: argparse.Namespace, prefix: str, flag: str, environ) -> boo
 
 
 def _apply_inverses(args: argparse.Namespace, values: dict, environ) -> None:
-    for flag, field, _ in _INVERSES:
+    for flag, field, _ in INVERSES:
         given = _bool_flag(args, "inverse_", flag, environ)
         if given is not None:
             values[field] = not given
@@ -235,7 +233,7 @@ def _apply_vllm_api_key(values: dict, environ) -> None:
 
 
 def _apply_deprecated(args: argparse.Namespace, values: dict, environ) -> None:
-    for flag, field, convert in _DEPRECATED:
+    for flag, field, convert in DEPRECATED:
         given = _bool_flag(args, "deprecated_", flag, environ)
         if given is not None:
             values[field] = convert(given)
@@ -340,6 +338,10 @@ def main(argv: list[str] | None = None) -> None:
         settings = parse_settings(argv)
     finally:
         root.removeHandler(held)
+    from token_proxy.ops.access_log import (
+        configure_logging,  # here: --help and the healthcheck never load ops/
+    )
+
     configure_logging(settings.log_level, settings.log_format, access_lines=not settings.disable_log_requests)
     for record in held.records:
         root.handle(record)
@@ -359,9 +361,9 @@ def main(argv: list[str] | None = None) -> None:
             from token_proxy.serving.serve import exit_at_once, serve
 
             if several:
-                from token_proxy.serving.supervisor import serve_workers
+                from token_proxy.serving.supervisor import serve_processes
 
-                status = serve_workers(settings)
+                status = serve_processes(settings)
             else:
                 serve(settings, sock)
                 status = 0

@@ -1,4 +1,4 @@
-"""`python -m token_proxy.healthcheck`: the container's HEALTHCHECK. It asks /health on the port the
+"""`python -m token_proxy.cli.healthcheck`: the container's HEALTHCHECK. It asks /health on the port the
 proxy was really started with, read from the proxy's own command line and environment (PID 1 in the
 image: `docker run IMAGE --port 9000` is checked on 9000, and with --network host never on whatever
 else listens on 8000). Exit 0: healthy; 1: not (the reason on stderr)."""
@@ -10,7 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from token_proxy.cli import parse_settings
+from token_proxy.cli.main import parse_settings
 
 WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 

@@ -1,0 +1,3 @@
+from token_proxy.cli.main import main
+
+main()
