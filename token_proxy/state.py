@@ -112,11 +112,17 @@ class Upstream:
     connected: Connected
     client: SGLangClient
     requests: Requests
+    renamed: str | None = None  # ProxyContext.renamed when the request began (ART's rename)
 
     @property
     def backend(self) -> BackendInfo:
         """The facts every SGLang server behind the backend agrees on (picture.agreed)."""
         return self.connected.picture.agreed
+
+    @property
+    def served_model_name(self) -> str:
+        """The base model's name now: what `model` must say (aliases aside)."""
+        return self.renamed or self.connected.picture.agreed.served_model_name
 
     @property
     def max_model_len(self) -> int:
@@ -154,7 +160,7 @@ REQUESTS = web.AppKey("requests", Requests)  # the SGLang requests being served,
 
 def upstream_of(app: web.Application) -> Upstream:
     """The request's `Upstream`: the one "connected?" check (BackendUnavailable, a 503 naming why not)."""
-    return Upstream(app[SETTINGS], app[CONNECTION].get(), app[SGLANG_CLIENT], app[REQUESTS])
+    return Upstream(app[SETTINGS], app[CONNECTION].get(), app[SGLANG_CLIENT], app[REQUESTS], app[CONTEXT].renamed)
 # register(collector): puts a prometheus collector of a module below ops/ (sessions, LoRA adapters: their own
 # counters, read at scrape time) on /metrics. ops/observe.py sets it; absent, nothing is registered.
 REGISTER_COLLECTOR = web.AppKey("register_collector", Callable)
