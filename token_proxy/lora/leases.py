@@ -6,8 +6,8 @@ process asks its owner, serving/process_app.py): whatever re-loads is passed in.
 
 from __future__ import annotations
 
-from token_proxy.sglang.client import retrying
 from token_proxy.sglang.replies import is_lost_adapter as is_lost_adapter_error
+from token_proxy.sglang.retry_rules import retrying
 from token_proxy.vocabulary import Reloads
 
 __all__ = ["is_lost_adapter_error", "retry_if_lost"]
