@@ -122,7 +122,11 @@ async def run_variant(url: str, extra: dict, kind: str, n: int, conc: int) -> fl
 
     from token_proxy.sglang import client as mod
 
-    pooled = aiohttp.ClientSession(connector=mod.ReuseAwareConnector(limit=0, keepalive_timeout=4.0), **extra)
+    try:  # since sglang/pool.py; before, client.py held the pool
+        from token_proxy.sglang.pool import ReuseAwareConnector
+    except ImportError:
+        ReuseAwareConnector = mod.ReuseAwareConnector  # noqa: N806
+    pooled = aiohttp.ClientSession(connector=ReuseAwareConnector(limit=0, keepalive_timeout=4.0), **extra)
     fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
     async with pooled, fresh:
         client = mod.SGLangClient(url, pooled, 600.0, 10.0, fresh=fresh)

@@ -18,6 +18,7 @@ from token_proxy.lora import ADAPTERS, LORA, AdapterRegistry
 from token_proxy.lora.leases import is_lost_adapter_error, retry_if_lost
 from token_proxy.lora.registry import Adapter
 from token_proxy.lora.routes import adapter_cards
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.simulator import SIM_STATE, SimConfig, start_simulator
 from token_proxy.state import CONTEXT
 
@@ -265,9 +266,9 @@ async def test_a_request_refused_for_a_lost_adapter_is_retried_after_a_reload(ma
         payload = greedy(lora_path=proxy.app[ADAPTERS].resolve("policy"))
         payload["sampling_params"]["ignore_eos"] = True  # greedy ids depend on the adapter's path: EOS may come early
         with pytest.raises(InvalidRequest) as refused:
-            await client.generate(payload)
+            await client.generate(SGLangRequest(payload, []))
         assert is_lost_adapter_error(refused.value.message)
-        reply = await retry_if_lost(proxy.app[LORA], lambda: client.generate(payload))
+        reply = await retry_if_lost(proxy.app[LORA], lambda: client.generate(SGLangRequest(payload, [])))
         assert len(reply[0]["output_ids"]) == 8
     finally:
         await runner.cleanup()

@@ -1,7 +1,6 @@
 """Which token_proxy modules one plain chat runs (issue 21): no tools, no session, no LoRA, through the app
 over the simulator, streamed and not. The sets must equal ARCHITECTURE.md's table "Modules one plain chat
-runs", so the map a newcomer reads is the code that runs; issue 21 wants at most 15, handler to response,
-non-streamed, middleware aside."""
+runs", so the map a newcomer reads is the code that runs. The count is documentation, not a target (issue 36)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ HEADING = "## Modules one plain chat runs"
 PACKAGE = Path(token_proxy.__file__).resolve().parent
 BODY = {"model": "sim/qwen2-tiny", "messages": [{"role": "user", "content": "Say something short."}],
         "max_tokens": 8}
-TARGET = 15  # issue 21: handler -> SGLang -> response, non-streamed, middleware aside
 
 
 def architecture_table() -> dict[str, set[str]]:
@@ -79,11 +77,6 @@ async def test_a_plain_chat_runs_the_modules_architecture_lists(traced_proxy):
     assert ran["handler", True] == table["stream"]
     assert ran["app", False] == table["plain"] | table["middleware"]
     assert ran["app", True] == table["stream"] | table["middleware"]
-
-
-async def test_a_plain_chat_runs_at_most_15_modules(traced_proxy):
-    client, probe = traced_proxy
-    assert len(await modules_run(client, probe, "handler", False)) <= TARGET
 
 
 def test_every_path_architecture_names_exists():

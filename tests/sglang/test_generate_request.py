@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from token_proxy.sglang import SGLangClient
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.sglang.pool import sglang_sessions
 
 PAYLOAD = {"input_ids": [785, 3974], "rid": "r-1", "sampling_params": {"max_new_tokens": 2}, "stream": False}
@@ -17,7 +18,7 @@ OWN = {"Host", "Content-Length", "Content-Type"}
 
 
 async def recorded_calls(aiohttp_server, calls: int, api_key: str | None = None,
-                         headers: dict | None = None, ports: list | None = None) -> list[tuple[dict, bytes]]:
+                         routing_key: str | None = None, ports: list | None = None) -> list[tuple[dict, bytes]]:
     seen: list[tuple[dict, bytes]] = []
 
     async def generate(request: web.Request) -> web.Response:
@@ -32,7 +33,7 @@ async def recorded_calls(aiohttp_server, calls: int, api_key: str | None = None,
     async with sglang_sessions(4.0) as (pooled, fresh, replies):
         client = SGLangClient(str(server.make_url("/")), pooled, 30.0, fresh=fresh, api_key=api_key, replies=replies)
         for _ in range(calls):
-            assert await client.generate(PAYLOAD, headers=headers) == [REPLY]
+            assert await client.generate(SGLangRequest(PAYLOAD, [], routing_key)) == [REPLY]
     return seen
 
 
@@ -48,19 +49,13 @@ async def test_a_plain_generate_sends_json_with_three_headers_on_one_kept_alive_
 
 
 async def test_the_key_and_a_routing_header_ride_along(aiohttp_server):
-    seen = await recorded_calls(aiohttp_server, calls=2, api_key="sk-sglang", headers={"X-SMG-Routing-Key": "s-9"})
+    seen = await recorded_calls(aiohttp_server, calls=2, api_key="sk-sglang", routing_key="s-9")
     assert [(set(h) - OWN, h["Authorization"], h["X-SMG-Routing-Key"], h["Content-Type"]) for h, _ in seen] == \
         [({"Authorization", "X-SMG-Routing-Key"}, "Bearer sk-sglang", "s-9", "application/json")] * 2
 
 
 async def test_the_key_alone_and_a_routing_header_alone(aiohttp_server):
     keyed = await recorded_calls(aiohttp_server, calls=1, api_key="sk-sglang")
-    routed = await recorded_calls(aiohttp_server, calls=1, headers={"X-SMG-Routing-Key": "s-9"})
+    routed = await recorded_calls(aiohttp_server, calls=1, routing_key="s-9")
     assert [(set(h) - OWN, h["Content-Type"]) for h, _ in keyed + routed] == \
         [({"Authorization"}, "application/json"), ({"X-SMG-Routing-Key"}, "application/json")]
-
-
-async def test_an_extra_header_wins_over_the_key_as_before(aiohttp_server):
-    """The merge order is the one the headers dict had: the key, then the call's extra headers."""
-    seen = await recorded_calls(aiohttp_server, calls=1, api_key="sk-a", headers={"Authorization": "Bearer sk-b"})
-    assert [(h["Authorization"], h["Content-Type"]) for h, _ in seen] == [("Bearer sk-b", "application/json")]

@@ -13,6 +13,7 @@ from token_proxy.errors import BackendUnavailable
 from token_proxy.ops import METRICS
 from token_proxy.settings import Settings
 from token_proxy.sglang import SGLangClient
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.sglang.pool import ReplyPool, ReuseAwareConnector
 from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
@@ -205,7 +206,7 @@ async def test_a_reused_connection_closed_before_the_answer_is_sent_again_on_a_f
         client = _client(url, pooled, fresh, retried)
         for _ in range(2):
             if whole:
-                assert await client.generate({"input_ids": [1]}) == GENERATED
+                assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == GENERATED
             else:
                 assert await _control_call(client) == (200, b"ok")
     assert retried == ["disconnected"]
@@ -220,7 +221,7 @@ async def test_a_new_connection_closed_before_the_answer_is_not_sent_again(path)
     retried: list[str] = []
     async with listener, pooled, fresh:
         client = _client(url, pooled, fresh, retried)
-        call = client.generate({"input_ids": [1]}) if path == "whole reply" else _control_call(client)
+        call = client.generate(SGLangRequest({"input_ids": [1]}, [])) if path == "whole reply" else _control_call(client)
         with pytest.raises(BackendUnavailable, match=r"is unreachable: Server disconnected"):
             await call
     assert retried == []
@@ -250,10 +251,10 @@ async def test_a_whole_reply_broken_off_mid_body_is_generated_again_once():
     retried: list[str] = []
     async with listener, pooled, fresh:
         client = SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append)
-        assert await client.generate({"input_ids": [1]}) == [{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}]
         assert retried == ["broken_reply"]
         with pytest.raises(BackendUnavailable, match="closed the connection mid-response"):
-            await client.generate({"input_ids": [1]})  # broken twice: the second is the client's to see
+            await client.generate(SGLangRequest({"input_ids": [1]}, []))  # broken twice: the second is the client's to see
         assert retried == ["broken_reply", "broken_reply"]
     assert [action for _, _, action in server.requests] == ["half", "generated", "half", "half"]
 
@@ -264,7 +265,7 @@ async def test_a_stream_broken_before_its_first_event_is_opened_again_once():
     retried: list[str] = []
     async with listener, pooled, fresh:
         client = SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append)
-        stream, first = await client.start_stream({"input_ids": [1], "stream": True})
+        stream, first = await client.start_stream(SGLangRequest({"input_ids": [1], "stream": True}, []))
         await stream.aclose()
         assert [event["output_ids"] for event in first] == [[1]]
     assert retried == ["broken_reply"]

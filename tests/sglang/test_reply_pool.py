@@ -14,6 +14,7 @@ import pytest
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable
 from token_proxy.sglang import SGLangClient
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.sglang.pool import ReplyPool
 
 REPLY = {"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}
@@ -71,7 +72,7 @@ async def test_calls_in_a_row_share_one_connection():
     async with listener:
         client = client_of(url)
         for _ in range(3):
-            assert await client.generate({"input_ids": [1]}) == [REPLY]
+            assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         client._replies.close()
     assert server.requests == [(0, 0), (0, 1), (0, 2)]
 
@@ -82,12 +83,12 @@ async def test_an_idle_connection_is_closed_at_the_keep_alive_bound_and_never_wr
     server, listener, url = await serving()
     async with listener:
         client = client_of(url, keepalive_s=0.3)
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         await asyncio.sleep(0.1)
-        assert await client.generate({"input_ids": [1]}) == [REPLY]  # idle 0.1 s: reused
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]  # idle 0.1 s: reused
         await asyncio.sleep(0.5)
         assert server.closed == [0]  # the pool's sweep closed it, unasked
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         client._replies.close()
     assert server.requests == [(0, 0), (0, 1), (1, 0)]
 
@@ -97,11 +98,11 @@ async def test_a_connection_past_the_bound_is_not_taken_even_before_the_sweep():
     server, listener, url = await serving()
     async with listener:
         client = SGLangClient(url, None, 10.0, replies=pool)
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         pool._sweep.cancel()  # the sweep is late (a busy loop): the take still refuses the old connection
         pool._sweep = None
         await asyncio.sleep(0.3)
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         pool.close()
     assert server.requests == [(0, 0), (1, 0)]
 
@@ -111,7 +112,7 @@ async def test_an_answer_that_closes_its_connection_is_not_reused():
     async with listener:
         client = client_of(url)
         for _ in range(2):
-            assert await client.generate({"input_ids": [1]}) == [REPLY]
+            assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         client._replies.close()
     assert server.requests == [(0, 0), (1, 0)]
 
@@ -126,7 +127,7 @@ async def test_a_lost_adapter_is_reloaded_and_the_call_sent_again():
     server, listener, url = await serving([(400, LOST, b"", False)])
     async with listener:
         client = client_of(url)
-        assert await client.generate({"input_ids": [1], "lora_path": "policy@v1"}, Reload()) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1], "lora_path": "policy@v1"}, [], reload=Reload())) == [REPLY]
         client._replies.close()
     assert (Reload.calls, server.requests) == (1, [(0, 0), (1, 0)])  # the retry's on a new connection
 
@@ -136,9 +137,9 @@ async def test_an_sglang_error_is_typed_and_keeps_the_connection():
     async with listener:
         client = client_of(url)
         with pytest.raises(Exception, match="not loaded") as refused:
-            await client.generate({"input_ids": [1]})  # no reload: the lost-adapter rule does not apply
+            await client.generate(SGLangRequest({"input_ids": [1]}, []))  # no reload: the lost-adapter rule does not apply
         assert refused.value.status == 400
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         client._replies.close()
     assert server.requests == [(0, 0), (0, 1)]
 
@@ -148,10 +149,10 @@ async def test_a_reply_past_the_request_timeout_is_a_504_and_its_connection_clos
     async with listener:
         client = client_of(url, timeout_s=0.2)
         with pytest.raises(BackendTimeout, match="did not finish the request in time"):
-            await client.generate({"input_ids": [1]})
+            await client.generate(SGLangRequest({"input_ids": [1]}, []))
         await asyncio.sleep(0.05)
         assert server.closed == [0]
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         client._replies.close()
     assert server.requests == [(0, 0), (1, 0)]
 
@@ -161,14 +162,14 @@ async def test_a_call_cancelled_while_waiting_closes_its_connection():
     server, listener, url = await serving([(None, b"", b"", False)])
     async with listener:
         client = client_of(url)
-        task = asyncio.ensure_future(client.generate({"input_ids": [1]}))
+        task = asyncio.ensure_future(client.generate(SGLangRequest({"input_ids": [1]}, [])))
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.05)
         assert server.closed == [0]
-        assert await client.generate({"input_ids": [1]}) == [REPLY]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [REPLY]
         client._replies.close()
     assert server.requests == [(0, 0), (1, 0)]
 
@@ -181,10 +182,10 @@ async def test_whole_replies_over_https_verify_the_certificate(make_tls_sim):
                               replies=ReplyPool())
     with pytest.raises(BackendUnavailable, match=rf"^SGLang at {re.escape(url)} is unreachable: Cannot connect "
                                                  r"to host 127\.0\.0\.1:\d+ \[.*CERTIFICATE_VERIFY_FAILED"):
-        await untrusting.generate(payload)
+        await untrusting.generate(SGLangRequest(payload, []))
     trusted = SGLangClient(url, None, 10.0, replies=ReplyPool())  # the default context: SSL_CERT_FILE names the CA
-    first = await trusted.generate(payload)
-    second = await trusted.generate(payload)
+    first = await trusted.generate(SGLangRequest(payload, []))
+    second = await trusted.generate(SGLangRequest(payload, []))
     assert [r["meta_info"]["prompt_tokens"] for r in first + second] == [2, 2]
     assert len(trusted._replies._idle) == 1 and len(next(iter(trusted._replies._idle.values()))) == 1  # kept alive
     trusted._replies.close()
@@ -193,4 +194,4 @@ async def test_whole_replies_over_https_verify_the_certificate(make_tls_sim):
 async def test_a_url_that_is_not_http_is_a_503_at_the_call():
     client = SGLangClient("ftp://x", None, 10.0, replies=ReplyPool())
     with pytest.raises(BackendUnavailable, match="not an http"):
-        await client.generate({"input_ids": [1]})
+        await client.generate(SGLangRequest({"input_ids": [1]}, []))

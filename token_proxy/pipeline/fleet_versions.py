@@ -1,5 +1,6 @@
 """The last line against stale weights: a reply SGLang made on weights the fleet does not serve is never
-returned; it is sent again (a few tries) and counted (token_proxy_stale_replies_total).
+returned; it is sent again (a few tries) and counted (token_proxy_stale_replies_total). The request carries
+the check (`StaleCheck`); the retry point (sglang/retry_rules.py's stale-weights rule) sends again.
 
 Which versions a reply may carry (the ACCEPTED SET of one request): every weight version the fleet held
 at any moment from the request's send until its reply, plus the versions an update in flight is moving
@@ -15,23 +16,16 @@ this check covers the moments before it does.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from aiohttp import web
 
-from token_proxy.errors import BackendUnavailable
-
 log = logging.getLogger(__name__)
-
-RETRY_BACKOFF_S = 0.05  # doubled per try: the watcher takes the stale worker out meanwhile
-RETRY_BACKOFF_MAX_S = 1.0
-T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -96,15 +90,28 @@ class VersionBoard:
 FLEET_VERSIONS: web.AppKey[FleetVersions] = web.AppKey("fleet_versions", object)
 
 
-def reply_versions(items: Iterable[dict]) -> set[str]:
-    """The weight versions SGLang reports in each item's (or stream event's) meta_info."""
-    out = set()
-    for item in items:
-        meta = item.get("meta_info") if isinstance(item, dict) else None
-        version = meta.get("weight_version") if isinstance(meta, dict) else None
-        if version is not None:
-            out.add(str(version))
-    return out
+@dataclass(slots=True)
+class StaleCheck:
+    """The stale-weights check a request carries (sglang/retry_rules.py's ReplyCheck): `tries` sends in all,
+    `count()` per stale reply (the request's stats)."""
+
+    fleet: FleetVersions
+    tries: int
+    count: Callable[[], None]
+
+    def fresh(self, versions: set[str]) -> bool:
+        current = self.fleet.record.current
+        return all(version == current for version in versions)
+
+    async def stale(self, versions: set[str], since: float) -> str | None:
+        bad = await stale_version(self.fleet, versions, since)
+        if bad is None:
+            return None
+        self.count()
+        current = self.fleet.record.current
+        log.warning("a reply came from weight version %r, not the fleet's %r: sent again (up to %d sends)", bad,
+                    current, self.tries)
+        return f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}"
 
 
 async def stale_version(fleet: FleetVersions, versions: set[str], since: float) -> str | None:
@@ -120,30 +127,3 @@ async def stale_version(fleet: FleetVersions, versions: set[str], since: float) 
         return None
     bad = sorted(versions - accepted)
     return bad[0] if bad else None
-
-
-async def resend_stale(reply: T, since: float, send: Callable[[], Awaitable[T]],
-                       versions_of: Callable[[T], set[str]], fleet: FleetVersions, tries: int,
-                       on_stale: Callable[[T], Awaitable[None]], count: Callable[[], None]) -> T:
-    """The slow path, for a reply (sent at `since`) whose version is not the fleet's current one: judged
-    against the accepted set; a stale one is counted, handed to `on_stale` (a stream is closed there) and
-    sent again, up to `tries` sends in all; the last stale one is a 503."""
-    backoff = RETRY_BACKOFF_S
-    for attempt in range(1, tries + 1):
-        bad = await stale_version(fleet, versions_of(reply), since)
-        if bad is None:
-            return reply
-        count()
-        await on_stale(reply)
-        current = fleet.record.current
-        log.warning("a reply came from weight version %r, not the fleet's %r: sent again (%d of %d)", bad,
-                    current, attempt, tries)
-        if attempt == tries:
-            raise BackendUnavailable(
-                f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}, "
-                f"{tries} time(s): a worker is out of step with the fleet (GET /weight_info names it)")
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
-        since = time.monotonic()
-        reply = await send()
-    return reply

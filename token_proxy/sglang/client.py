@@ -27,6 +27,7 @@ import orjson
 from multidict import CIMultiDict
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError, ReplyBrokeOff
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.sglang.pool import ReplyPool
 from token_proxy.sglang.relay import (
     RelayStream,
@@ -36,9 +37,8 @@ from token_proxy.sglang.relay import (
     open_relay,
     relay_target,
 )
-from token_proxy.sglang.replies import error_from_status, loads
-from token_proxy.sglang.retry_rules import ATTEMPT, RETRY_REASONS, retrying
-from token_proxy.vocabulary import Reloads
+from token_proxy.sglang.replies import error_from_status, loads, weight_versions
+from token_proxy.sglang.retry_rules import ATTEMPT, RETRY_REASONS, Call, retrying
 
 __all__ = ["RETRY_REASONS", "InFlight", "SGLangClient", "abort_all_of", "aborting_on_exit", "response_id_of"]
 
@@ -78,52 +78,51 @@ class SGLangClient:
         self._resolve = cached_resolver()
         self._replies = replies if replies is not None else ReplyPool()
         self._target: Target | None = None  # where whole replies go, and their request's head: on first use
-        self._head = self._keyless_head = b""
+        self._head = b""
 
-    async def generate(self, payload: dict, reload: Reloads | None = None, headers: dict | None = None) -> list[dict]:
-        """Non-streaming /generate: its outputs. `reload`: an adapter request's (a lost adapter is
-        re-loaded and the call sent again); `headers`: extra ones (a session's routing key)."""
-        body = orjson.dumps(payload)
+    async def generate(self, call: SGLangRequest) -> list[dict]:
+        """Non-streaming /generate: its outputs, through the retry point with what `call` allows (a lost
+        adapter re-loaded, stale weights judged); `call.headers`: extra ones (a session's routing key)."""
+        body = orjson.dumps(call.body)
         if self._target is None:
             self._aim()
-        head = self._head if not headers or not _names_authorization(headers) else self._keyless_head
-        request = head + _extra_lines(headers) + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+        request = self._head + _extra_lines(call.headers) + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
 
-        async def once(again: bool) -> bytes:
+        async def once(again: bool) -> list[dict]:
             status, answer = await self._replies.send(
                 self.base_url, self._target, request, new=again, connect_s=self._timeout.sock_connect,
                 total_s=self._timeout.total, resolve=self._resolve, ssl_context=self._ssl)
             if status != 200:
                 raise error_from_status(status, answer)
-            return answer
+            data = loads(answer)
+            return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
 
-        data = loads(await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True))
-        return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
+        return await retrying(once, Call(call.reload, True, call.check), on_retry=self._on_retry,
+                              versions_of=weight_versions)
 
     def _aim(self) -> None:
         """A whole /generate's target and request head, but for its Content-Length and the call's extra headers
         (a URL that is not http(s) fails here, a 503)."""
         target = relay_target(self.base_url)
-        self._keyless_head = (b"POST %b/generate HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
-                              % (target.prefix.encode(), host_header(target).encode()))
-        self._head = self._keyless_head + (b"Authorization: Bearer %b\r\n" % self._api_key.encode()
-                                           if self._api_key else b"")
+        self._head = (b"POST %b/generate HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n%b"
+                      % (target.prefix.encode(), host_header(target).encode(),
+                         b"Authorization: Bearer %b\r\n" % self._api_key.encode() if self._api_key else b""))
         self._target = target
 
-    async def start_stream(self, payload: dict, reload: Reloads | None = None,
-                           headers: dict | None = None) -> tuple[RelayStream, list | None]:
+    async def start_stream(self, call: SGLangRequest) -> tuple[RelayStream, list | None]:
         """A streaming /generate and its first batch of events (None: it ended without any); relay the rest
-        with `relay()`, then `aclose()` the stream. `reload` as for `generate`."""
+        with `relay()`, then `aclose()` the stream. Retried as `generate`: a stream broken before its first
+        event, or whose first event is on stale weights, is closed and opened again (no byte reached the client)."""
         async def once(again: bool) -> tuple[RelayStream, list | None]:
-            stream = await self.open_stream(payload, headers)
+            stream = await self.open_stream(call.body, call.headers)
             try:
                 return stream, await stream.first()
             except BaseException:
                 await stream.aclose()
                 raise
 
-        # regenerates: a stream that broke off before its first event is opened again (no byte reached the client)
-        return await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True)
+        return await retrying(once, Call(call.reload, True, call.check), on_retry=self._on_retry,
+                              versions_of=_first_versions, discard=_close_stream)
 
     async def open_stream(self, payload: dict, headers: dict | None = None) -> RelayStream:
         """A streaming /generate, sent on a connection of its own (sglang/relay.py)."""
@@ -328,9 +327,13 @@ async def _request(session: aiohttp.ClientSession, method: str, url: str, **kwar
     return resp
 
 
-def _names_authorization(headers: dict) -> bool:
-    """A call's own Authorization wins over the key (as aiohttp's header merge had it)."""
-    return any(name.lower() == "authorization" for name in headers)
+def _first_versions(opened: tuple[RelayStream, list | None]) -> set[str]:
+    return weight_versions(opened[1] or [])
+
+
+async def _close_stream(opened: tuple[RelayStream, list | None]) -> None:
+    """A stale stream: closed (SGLang aborts a request whose client left) before it is opened again."""
+    await opened[0].aclose()
 
 
 def _extra_lines(headers: dict | None) -> bytes:

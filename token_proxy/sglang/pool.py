@@ -53,7 +53,7 @@ class _Connection(asyncio.Protocol):
         self._framer = framer = ResponseFramer()
         self._waiter = waiter = loop.create_future()
         if deadline is not None:
-            self._timer = loop.call_at(deadline, self._fail, BackendTimeout("SGLang did not finish the request in time"))
+            self._timer = loop.call_at(deadline, self._time_out)
         self.transport.write(request)
         try:
             await waiter
@@ -115,6 +115,9 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _time_out(self) -> None:
+        self._fail(BackendTimeout("SGLang did not finish the request in time"))
 
     def _fail(self, error: ProxyError) -> None:
         waiter = self._waiter
