@@ -14,6 +14,7 @@ SMG needs its own venv (the proxy's venv is untouched):
     python3 -m venv /tmp/venv-smg && /tmp/venv-smg/bin/pip install 'smg==1.13.*' smg-grpc-proto grpcio-tools
     python bench/bench_vs_smg.py [--smg-python /tmp/venv-smg/bin/python] [--rounds 8] [--n1 80] [--n64 300]
     python bench/bench_vs_smg.py --code /tmp/base --code . --workers 1 2   # before/after, x1 and x2, one run
+    python bench/bench_vs_smg.py --code /tmp/base:1 --code .:1,2            # before at x1; after at x1 and x2
 
 With several `--code` checkouts and `--workers` counts, one proxy runs per (checkout, count), all in front of
 the same simulator, and every round drives each front in turn (the order reversed every other round).
@@ -196,7 +197,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--n1", type=int, default=80, help="requests at c=1 per cell")
     parser.add_argument("--n64", type=int, default=300, help="requests at c=64 per cell")
-    parser.add_argument("--code", action="append", default=[], help="a checkout to run the proxy from (repeatable)")
+    parser.add_argument("--code", action="append", default=[],
+                        help="a checkout to run the proxy from (repeatable), DIR or DIR:W1,W2 (its --workers counts)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1], help="the proxy's --workers (each a front)")
     args = parser.parse_args()
 
@@ -221,13 +223,14 @@ def main() -> None:
                             "--tokenizer", tok_dir, "--ttft-ms", "0", "--tpot-ms", "0", "--log-level", "warning"],
                            url["sim"]))
         proxies = []
-        for code in args.code or ["."]:
-            for workers in args.workers:
+        for spec in args.code or ["."]:
+            code, _, counts = spec.partition(":")
+            for workers in [int(w) for w in counts.split(",")] if counts else args.workers:
                 port = free_port()
                 env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
                 proc = start([sys.executable, "-m", "token_proxy", "--backend", url["sim"], "--host", "127.0.0.1",
                               "--port", str(port), "--log-level", "warning", "--workers", str(workers)],
-                             f"http://127.0.0.1:{port}", env=env)
+                             f"http://127.0.0.1:{port}", env=env, cwd=os.path.abspath(code))
                 procs.append(proc)
                 label = f"proxy {code} x{workers}" if len(args.code) > 1 else f"proxy x{workers}"
                 proxies.append(Front(label, f"http://127.0.0.1:{port}", proc.pid, "/v1/chat/completions",
