@@ -62,6 +62,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+async def _passthrough(request, handler):
+    return await handler(request)
+
+
 def variants(aiohttp) -> dict:
     """name -> (extra ClientSession options on top of what `sglang_sessions` builds, the call made)."""
     jar = lambda: {"cookie_jar": aiohttp.DummyCookieJar()}  # built inside the running loop
@@ -74,6 +78,8 @@ def variants(aiohttp) -> dict:
         "all three": (lambda: {**jar(), "auto_decompress": False, "skip_auto_headers": skip}, "generate"),
         # the layers: aiohttp's bare call (no retry point, no typed errors), then ours added one by one
         "bare session.post": (dict, "bare"),
+        # aiohttp 3.12+'s client middlewares (issue 36's model for the retry list): what one no-op costs a call
+        "bare, a no-op client middleware": (lambda: {"middlewares": (_passthrough,)}, "bare"),
         "bare, content.read()": (dict, "bare content"),
         "bare, read_bufsize=4096": (dict, "bare bufsize"),
         "bare, a BytesPayload": (dict, "bare payload"),
@@ -122,7 +128,11 @@ async def run_variant(url: str, extra: dict, kind: str, n: int, conc: int) -> fl
 
     from token_proxy.sglang import client as mod
 
-    pooled = aiohttp.ClientSession(connector=mod.ReuseAwareConnector(limit=0, keepalive_timeout=4.0), **extra)
+    try:  # since sglang/pool.py; before, client.py held the pool
+        from token_proxy.sglang.pool import ReuseAwareConnector
+    except ImportError:
+        ReuseAwareConnector = mod.ReuseAwareConnector  # noqa: N806
+    pooled = aiohttp.ClientSession(connector=ReuseAwareConnector(limit=0, keepalive_timeout=4.0), **extra)
     fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
     async with pooled, fresh:
         client = mod.SGLangClient(url, pooled, 600.0, 10.0, fresh=fresh)

@@ -57,11 +57,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(cmd: list[str], url: str) -> subprocess.Popen:
-    """Start a server and wait for its /health. Its output goes to a file: a pipe nobody reads
-    would fill up and stall the server."""
+def start(cmd: list[str], url: str, env: dict | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """Start a server (`env`, `cwd`: its environment and directory, else this one's) and wait for its /health.
+    Its output goes to a file: a pipe nobody reads would fill up and stall the server. (`python -m` puts the
+    directory before PYTHONPATH: a checkout's proxy starts in that checkout.)"""
     log = tempfile.NamedTemporaryFile(prefix="bench-", suffix=".log", delete=False)  # noqa: SIM115 (the child writes it)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     proc.log_path = log.name  # what the server printed (access lines too, at --log-level info)
     end = time.monotonic() + 180
     while time.monotonic() < end:

@@ -13,6 +13,11 @@ SMG needs its own venv (the proxy's venv is untouched):
 
     python3 -m venv /tmp/venv-smg && /tmp/venv-smg/bin/pip install 'smg==1.13.*' smg-grpc-proto grpcio-tools
     python bench/bench_vs_smg.py [--smg-python /tmp/venv-smg/bin/python] [--rounds 8] [--n1 80] [--n64 300]
+    python bench/bench_vs_smg.py --code /tmp/base --code . --workers 1 2   # before/after, x1 and x2, one run
+    python bench/bench_vs_smg.py --code /tmp/base:1 --code .:1,2            # before at x1; after at x1 and x2
+
+With several `--code` checkouts and `--workers` counts, one proxy runs per (checkout, count), all in front of
+the same simulator, and every round drives each front in turn (the order reversed every other round).
 """
 
 from __future__ import annotations
@@ -77,16 +82,20 @@ class Front:
     chat_path: str
     token_path: str
 
+    @property
+    def is_smg(self) -> bool:
+        return self.name == "smg"
+
     def body(self, kind: str, stream: bool, salt: int, ids: list[int]) -> tuple[str, bytes]:
         if kind == "chat":
             body = {"model": "bench", "messages": chat_messages(salt), "max_tokens": OUT_TOKENS,
                     "ignore_eos": True, "temperature": 0, "stream": stream}
-            if self.name == "proxy":
+            if not self.is_smg:
                 del body["model"]
             return self.chat_path, orjson.dumps(body)
-        params = {"max_new_tokens" if self.name == "smg" else "max_tokens": OUT_TOKENS,
+        params = {"max_new_tokens" if self.is_smg else "max_tokens": OUT_TOKENS,
                   "ignore_eos": True, "temperature": 0}
-        if self.name == "smg":
+        if self.is_smg:
             body = {"model": "bench", "input_ids": ids, "stream": stream, "sampling_params": params}
         else:
             body = {"token_ids": ids, "stream": stream, "sampling_params": params}
@@ -153,19 +162,19 @@ async def run_rounds(args, fronts: list[Front], token_ids) -> dict:
     return cells
 
 
-def table(cells: dict, rounds: int) -> str:
+def table(cells: dict, rounds: int, names: list[str]) -> str:
     med = statistics.median
     lines = ["| path | stream | front | front CPU per request ms | c=1 p50 ms | c=64 req/s | token ids out |",
              "|---|---|---|---|---|---|---|"]
     for kind, stream in PATHS:
-        for name in ("proxy", "smg"):
+        for name in names:
             cell = cells[(name, kind, stream)]
-            where = {"chat": "/v1/chat/completions",
-                     "token-in": "/inference/v1/generate" if name == "proxy" else "/generate"}[kind]
-            ids = "yes" if name == "proxy" else ("SGLang's (token-in only)" if kind == "token-in" else "none")
+            smg = name == "smg"
+            where = {"chat": "/v1/chat/completions", "token-in": "/generate" if smg else "/inference/v1/generate"}[kind]
+            ids = "yes" if not smg else ("SGLang's (token-in only)" if kind == "token-in" else "none")
             lines.append(f"| {kind} `{where}` | {'yes' if stream else 'no'} | {name} | {med(cell.cpu_ms):.2f} | "
                          f"{med(cell.p50_ms):.2f} | {med(cell.rps):.0f} | {ids} |")
-    for name in ("proxy", "smg"):
+    for name in names:
         diff = [c - t for c, t in zip(cells[(name, "chat", False)].cpu_ms, cells[(name, "token-in", False)].cpu_ms)]
         lines.append(f"\n{name}: chat minus token-in (render, tokenize, chat format), non-streamed, "
                      f"median of {rounds} rounds: {med(diff):.2f} ms CPU per request")
@@ -188,6 +197,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--n1", type=int, default=80, help="requests at c=1 per cell")
     parser.add_argument("--n64", type=int, default=300, help="requests at c=64 per cell")
+    parser.add_argument("--code", action="append", default=[],
+                        help="a checkout to run the proxy from (repeatable), DIR or DIR:W1,W2 (its --workers counts)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1], help="the proxy's --workers (each a front)")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -210,18 +222,29 @@ def main() -> None:
         procs.append(start([sys.executable, "-m", "token_proxy.simulator", "--port", str(ports["sim"]),
                             "--tokenizer", tok_dir, "--ttft-ms", "0", "--tpot-ms", "0", "--log-level", "warning"],
                            url["sim"]))
-        procs.append(start([sys.executable, "-m", "token_proxy", "--backend", url["sim"], "--host", "127.0.0.1",
-                            "--port", str(ports["proxy"]), "--log-level", "warning"], url["proxy"]))
+        proxies = []
+        for spec in args.code or ["."]:
+            code, _, counts = spec.partition(":")
+            for workers in [int(w) for w in counts.split(",")] if counts else args.workers:
+                port = free_port()
+                env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
+                proc = start([sys.executable, "-m", "token_proxy", "--backend", url["sim"], "--host", "127.0.0.1",
+                              "--port", str(port), "--log-level", "warning", "--workers", str(workers)],
+                             f"http://127.0.0.1:{port}", env=env, cwd=os.path.abspath(code))
+                procs.append(proc)
+                label = f"proxy {code} x{workers}" if len(args.code) > 1 else f"proxy x{workers}"
+                proxies.append(Front(label, f"http://127.0.0.1:{port}", proc.pid, "/v1/chat/completions",
+                                     "/inference/v1/generate"))
         standin = start_standin([args.smg_python, os.path.join(HERE, "smg_standin.py"), "--port",
                                  str(ports["standin"]), "--tokenizer", smg_tok, "--tokens", str(OUT_TOKENS)])
         procs.append(standin)
-        procs.append(start([smg_bin, "launch", "--host", "127.0.0.1", "--port", str(ports["smg"]),
-                            "--worker-urls", f"grpc://127.0.0.1:{ports['standin']}", "--model-path", smg_tok,
-                            "--tokenizer-path", smg_tok, "--prometheus-host", "127.0.0.1",
-                            "--prometheus-port", str(ports["smg_metrics"]), "--log-level", "warn"], url["smg"]))
+        smg = start([smg_bin, "launch", "--host", "127.0.0.1", "--port", str(ports["smg"]),
+                     "--worker-urls", f"grpc://127.0.0.1:{ports['standin']}", "--model-path", smg_tok,
+                     "--tokenizer-path", smg_tok, "--prometheus-host", "127.0.0.1",
+                     "--prometheus-port", str(ports["smg_metrics"]), "--log-level", "warn"], url["smg"])
+        procs.append(smg)
         wait_models(url["smg"])
-        fronts = [Front("proxy", url["proxy"], procs[1].pid, "/v1/chat/completions", "/inference/v1/generate"),
-                  Front("smg", url["smg"], procs[3].pid, "/v1/chat/completions", "/generate")]
+        fronts = [*proxies, Front("smg", url["smg"], smg.pid, "/v1/chat/completions", "/generate")]
         t0 = time.monotonic()
         cells = asyncio.run(run_rounds(args, fronts, token_ids))
         wall = time.monotonic() - t0
@@ -233,7 +256,7 @@ def main() -> None:
           f"{args.n64} at c=64; unique prompts of ~{prompt} tokens, {OUT_TOKENS} tokens out (ignore_eos); "
           f"proxy -> simulator (0 ms), SMG {smg_version(smg_bin)} gRPC -> stand-in scheduler (0 ms); "
           f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; medians over rounds")
-    print(table(cells, args.rounds))
+    print(table(cells, args.rounds, [f.name for f in fronts]))
 
 
 def start_standin(cmd: list[str]):

@@ -21,8 +21,9 @@ from token_proxy.ops.observe import add_observability, observe_requests
 from token_proxy.role import OWNER, ROLE, Role
 from token_proxy.routes import add_routes
 from token_proxy.settings import Settings
-from token_proxy.sglang.client import SGLangClient, sglang_sessions
+from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.discovery import CONNECTION, keep_connected
+from token_proxy.sglang.pool import sglang_sessions
 from token_proxy.state import CONTEXT, REQUESTS, SETTINGS, SGLANG_CLIENT, ProxyContext
 
 ABORTS_AT_EXIT_S = 0.5  # how long the upstream aborts sent at the end may take before the process exits
@@ -64,12 +65,13 @@ async def _proxy_context(app: web.Application):
     settings = app[SETTINGS]
     executor = ThreadPoolExecutor(settings.tokenizer_threads, thread_name_prefix="tokenize")
     # Every SGLang call (data, admin, fan-out, router) goes through this pool (sglang/client.py).
-    async with sglang_sessions(settings.backend_keepalive_s) as (pooled, fresh):
+    async with sglang_sessions(settings.backend_keepalive_s) as (pooled, fresh, replies):
         client = SGLangClient(settings.backend_url, pooled, settings.request_timeout_s,
                               settings.connect_timeout_s, settings.first_token_timeout_s,
                               settings.stream_idle_timeout_s, fresh=fresh,
                               stream_coalesce_s=settings.stream_coalesce_ms / 1000,
-                              on_retry=app[METRICS].upstream_retry, api_key=settings.sglang_api_key)
+                              on_retry=app[METRICS].upstream_retry, api_key=settings.sglang_api_key,
+                              replies=replies)
         app[CONTEXT] = ProxyContext(settings=settings, client=client, executor=executor)
         app[CONNECTION], app[SGLANG_CLIENT], app[REQUESTS] = app[CONTEXT].connection, client, app[CONTEXT].requests
         # Not awaited: the port opens at once and answers 503 (with the reason) until SGLang is known.

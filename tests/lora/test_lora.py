@@ -17,8 +17,9 @@ from token_proxy.errors import InvalidRequest, NotFound
 from token_proxy.lora import ADAPTERS, LORA, AdapterRegistry
 from token_proxy.lora.registry import Adapter
 from token_proxy.lora.routes import adapter_cards
-from token_proxy.sglang.client import retrying
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.sglang.replies import is_lost_adapter
+from token_proxy.sglang.retry_rules import Call, retrying
 from token_proxy.simulator import SIM_STATE, SimConfig, start_simulator
 from token_proxy.state import CONTEXT
 
@@ -266,9 +267,10 @@ async def test_a_request_refused_for_a_lost_adapter_is_retried_after_a_reload(ma
         payload = greedy(lora_path=proxy.app[ADAPTERS].resolve("policy"))
         payload["sampling_params"]["ignore_eos"] = True  # greedy ids depend on the adapter's path: EOS may come early
         with pytest.raises(InvalidRequest) as refused:
-            await client.generate(payload)
+            await client.generate(SGLangRequest(payload, []))
         assert is_lost_adapter(refused.value.message)
-        reply = await client.generate(payload, proxy.app[LORA])  # the pipeline's call: the adapter re-loaded, sent again
+        # the pipeline's call: the adapter re-loaded, sent again
+        reply = await client.generate(SGLangRequest(payload, [], reload=proxy.app[LORA]))
         assert len(reply[0]["output_ids"]) == 8
     finally:
         await runner.cleanup()
@@ -439,6 +441,6 @@ async def test_requests_refused_for_a_lost_adapter_share_one_sync_pass(proxy, mo
         return send
 
     sends = [sender() for _ in range(5)]  # through the client's one retry point, as every SGLang call goes
-    assert await asyncio.gather(*(retrying(lambda _again, send=send: send(), reload=admin) for send in sends)) == \
+    assert await asyncio.gather(*(retrying(lambda _again, send=send: send(), Call(reload=admin)) for send in sends)) == \
         ["sent"] * 5
     assert len(passes) == 1

@@ -13,7 +13,8 @@ from token_proxy.errors import BackendUnavailable
 from token_proxy.ops import METRICS
 from token_proxy.settings import Settings
 from token_proxy.sglang import SGLangClient
-from token_proxy.sglang.client import ReuseAwareConnector, send
+from token_proxy.sglang.payload import SGLangRequest
+from token_proxy.sglang.pool import ReplyPool, ReuseAwareConnector
 from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 
@@ -128,8 +129,8 @@ class _Scripted:
     """A raw HTTP/1.1 server: `plan[(connection, request)]` says what each request gets, "ok" (a 200,
     kept alive), "drop" (closed unanswered) or "half" (headers, part of the body, then closed)."""
 
-    def __init__(self, plan: dict):
-        self.plan, self.connections, self.requests = plan, 0, []
+    def __init__(self, plan: dict, default: str = "ok"):
+        self.plan, self.default, self.connections, self.requests = plan, default, 0, []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn, n = self.connections, 0
@@ -140,7 +141,7 @@ class _Scripted:
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length")), 0)
                 await reader.readexactly(length)
-                action = self.plan.get((conn, n), "ok")
+                action = self.plan.get((conn, n), self.default)
                 self.requests.append((conn, n, action))
                 n += 1
                 if action == "drop":
@@ -170,8 +171,8 @@ class _Scripted:
             writer.close()
 
 
-async def _scripted(plan: dict):
-    server = _Scripted(plan)
+async def _scripted(plan: dict, default: str = "ok"):
+    server = _Scripted(plan, default)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     return server, listener, f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/x"
 
@@ -181,40 +182,62 @@ async def _sessions():
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)))
 
 
-async def test_a_reused_connection_closed_before_the_answer_is_sent_again_on_a_fresh_one():
-    server, listener, url = await _scripted({(0, 1): "drop"})
+def _client(url: str, pooled, fresh, retried: list, keepalive_s: float = 30.0) -> SGLangClient:
+    return SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append,
+                        replies=ReplyPool(keepalive_s))
+
+
+async def _control_call(client: SGLangClient) -> tuple[int, bytes]:
+    status, body, _ = await client.call("POST", "/x", b"{}", 10.0)
+    return status, body
+
+
+GENERATED = [{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}]
+
+
+@pytest.mark.parametrize("path", ["control", "whole reply"])
+async def test_a_reused_connection_closed_before_the_answer_is_sent_again_on_a_fresh_one(path):
+    """Both pools: aiohttp's (control calls) and the kept-alive one of whole /generate replies (sglang/pool.py)."""
+    whole = path == "whole reply"
+    server, listener, url = await _scripted({(0, 1): "drop"}, default="generated" if whole else "ok")
     pooled, fresh = await _sessions()
     retried: list[str] = []
     async with listener, pooled, fresh:
+        client = _client(url, pooled, fresh, retried)
         for _ in range(2):
-            async with await send(pooled, fresh, "POST", url, retried.append, data=b"{}") as resp:
-                assert (resp.status, await resp.read()) == (200, b"ok")
+            if whole:
+                assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == GENERATED
+            else:
+                assert await _control_call(client) == (200, b"ok")
     assert retried == ["disconnected"]
-    assert server.requests == [(0, 0, "ok"), (0, 1, "drop"), (1, 0, "ok")]
+    action = "generated" if whole else "ok"
+    assert server.requests == [(0, 0, action), (0, 1, "drop"), (1, 0, action)]
 
 
-async def test_a_new_connection_closed_before_the_answer_is_not_sent_again():
+@pytest.mark.parametrize("path", ["control", "whole reply"])
+async def test_a_new_connection_closed_before_the_answer_is_not_sent_again(path):
     server, listener, url = await _scripted({(0, 0): "drop"})
     pooled, fresh = await _sessions()
     retried: list[str] = []
     async with listener, pooled, fresh:
-        with pytest.raises(aiohttp.ServerDisconnectedError):
-            await send(pooled, fresh, "POST", url, retried.append, data=b"{}")
+        client = _client(url, pooled, fresh, retried)
+        call = client.generate(SGLangRequest({"input_ids": [1]}, [])) if path == "whole reply" else _control_call(client)
+        with pytest.raises(BackendUnavailable, match=r"is unreachable: Server disconnected"):
+            await call
     assert retried == []
     assert server.requests == [(0, 0, "drop")]
 
 
 async def test_nothing_is_sent_again_once_the_answer_began():
+    """A control call (no broken-reply rule) whose answer began on a reused connection is not sent again."""
     server, listener, url = await _scripted({(0, 1): "half"})
     pooled, fresh = await _sessions()
     retried: list[str] = []
     async with listener, pooled, fresh:
-        async with await send(pooled, fresh, "POST", url, retried.append, data=b"{}") as resp:
-            await resp.read()
-        async with await send(pooled, fresh, "POST", url, retried.append, data=b"{}") as resp:
-            assert resp.status == 200
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await resp.read()
+        client = _client(url, pooled, fresh, retried)
+        assert await _control_call(client) == (200, b"ok")
+        with pytest.raises(BackendUnavailable, match="Response payload is not completed"):
+            await _control_call(client)
     assert retried == []
     assert server.requests == [(0, 0, "ok"), (0, 1, "half")]
 
@@ -222,15 +245,16 @@ async def test_nothing_is_sent_again_once_the_answer_began():
 async def test_a_whole_reply_broken_off_mid_body_is_generated_again_once():
     """A worker behind sglang-router killed mid-reply (the GPU fleet round: one non-streamed rollout got a 503):
     a /generate whose body broke off is sent again, once, and counted as broken_reply; other calls are not."""
-    server, listener, url = await _scripted({(0, 0): "half", (1, 0): "generated", (2, 0): "half", (3, 0): "half"})
+    # the retry's new connection joins the kept-alive pool: the second call's first try goes out on it
+    server, listener, url = await _scripted({(0, 0): "half", (1, 1): "half", (2, 0): "half"}, default="generated")
     pooled, fresh = await _sessions()
     retried: list[str] = []
     async with listener, pooled, fresh:
         client = SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append)
-        assert await client.generate({"input_ids": [1]}) == [{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}]
+        assert await client.generate(SGLangRequest({"input_ids": [1]}, [])) == [{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}]
         assert retried == ["broken_reply"]
         with pytest.raises(BackendUnavailable, match="closed the connection mid-response"):
-            await client.generate({"input_ids": [1]})  # broken twice: the second is the client's to see
+            await client.generate(SGLangRequest({"input_ids": [1]}, []))  # broken twice: the second is the client's to see
         assert retried == ["broken_reply", "broken_reply"]
     assert [action for _, _, action in server.requests] == ["half", "generated", "half", "half"]
 
@@ -241,7 +265,7 @@ async def test_a_stream_broken_before_its_first_event_is_opened_again_once():
     retried: list[str] = []
     async with listener, pooled, fresh:
         client = SGLangClient(url.rsplit("/", 1)[0], pooled, 10.0, fresh=fresh, on_retry=retried.append)
-        stream, first = await client.start_stream({"input_ids": [1], "stream": True})
+        stream, first = await client.start_stream(SGLangRequest({"input_ids": [1], "stream": True}, []))
         await stream.aclose()
         assert [event["output_ids"] for event in first] == [[1]]
     assert retried == ["broken_reply"]
@@ -281,8 +305,8 @@ def _nodelay(transport) -> int:
 
 async def test_both_connections_of_a_request_send_without_nagle(proxy):
     """A request's small writes (SGLang's answer, the client's reply) must not wait for an ACK: Nagle
-    plus delayed ACK would add up to 40 ms on loopback. aiohttp sets TCP_NODELAY on both sides today;
-    this pins it on the client's connection to the proxy and the pooled one to SGLang."""
+    plus delayed ACK would add up to 40 ms on loopback. aiohttp and asyncio set TCP_NODELAY on every side
+    today; this pins it on the client's connection to the proxy and the kept-alive and pooled ones to SGLang."""
     from token_proxy.state import CONTEXT
 
     async with proxy.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
@@ -290,7 +314,8 @@ async def test_both_connections_of_a_request_send_without_nagle(proxy):
         assert resp.status == 200
         await resp.read()
     served = [handler.transport for handler in proxy.server.runner.server.connections]
-    pooled = [proto.transport for conns in proxy.app[CONTEXT].client._session.connector._conns.values()
-              for proto, _ in conns]
-    assert len(served) == 1 and len(pooled) >= 1  # start-up's discovery calls may hold a second one
-    assert [_nodelay(t) for t in served + pooled] == [1] * (1 + len(pooled))
+    client = proxy.app[CONTEXT].client
+    pooled = [proto.transport for conns in client._session.connector._conns.values() for proto, _ in conns]
+    kept = [conn.transport for conns in client._replies._idle.values() for conn in conns]  # the chat's /generate
+    assert len(served) == 1 and len(kept) == 1  # start-up's discovery calls hold aiohttp's pooled ones
+    assert [_nodelay(t) for t in served + kept + pooled] == [1] * (2 + len(pooled))

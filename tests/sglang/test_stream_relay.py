@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from token_proxy.errors import BackendError, BackendTimeout, BackendUnavailable, InvalidRequest
+from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.sglang.relay import RelayStream, Target, relay_target
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -324,7 +325,7 @@ async def test_an_https_sglang_whose_certificate_is_not_trusted_is_unreachable(m
                                                      r"to host 127\.0\.0\.1:\d+ \[.*CERTIFICATE_VERIFY_FAILED"):
             await client.open_stream({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}, "stream": True})
         trusted = SGLangClient(url, session, 10.0)  # the default context: SSL_CERT_FILE names the test's CA
-        stream, first = await trusted.start_stream({"input_ids": [1, 2], "stream": True,
-                                                    "sampling_params": {"max_new_tokens": 2}})
+        stream, first = await trusted.start_stream(SGLangRequest({"input_ids": [1, 2], "stream": True,
+                                                                  "sampling_params": {"max_new_tokens": 2}}, []))
         assert first[0]["meta_info"]["prompt_tokens"] == 2
         await stream.aclose()

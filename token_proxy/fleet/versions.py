@@ -1,5 +1,6 @@
 """The last line against stale weights: a reply SGLang made on weights the fleet does not serve is never
-returned; it is sent again (a few tries) and counted (token_proxy_stale_replies_total).
+returned; it is sent again (a few tries) and counted (token_proxy_stale_replies_total). The request carries
+the check (`StaleCheck`); the retry point (sglang/retry_rules.py's stale-weights rule) sends again.
 
 Which versions a reply may carry (the ACCEPTED SET of one request): every weight version the fleet held
 at any moment from the request's send until its reply, plus the versions an update in flight is moving

@@ -7,36 +7,27 @@ A client that leaves (or a timeout) aborts the SGLang request: nothing generates
 from __future__ import annotations
 
 import contextlib
-import time
 
 from aiohttp import web
 
 from token_proxy.errors import BackendError, BackendTimeout, ProxyError
 from token_proxy.http_io import DONE, SSEWriter, open_sse, sse_frames
 from token_proxy.pipeline.output_rules import OutputRules
-from token_proxy.pipeline.reply_check import ReplyCheck, reply_versions, resend_stale
 from token_proxy.pipeline.request_state import RequestStats
 from token_proxy.pipeline.stream_frames import StreamFrames
 from token_proxy.sglang.client import abort_all_of, aborting_on_exit
 from token_proxy.sglang.payload import SGLangRequest
 from token_proxy.state import Upstream
-from token_proxy.vocabulary import Output, Reloads
+from token_proxy.vocabulary import Output
 
 
 async def generate_whole(ctx: Upstream, call: SGLangRequest, rules: OutputRules,
-                         stats: RequestStats, lora: Reloads | None = None,
-                         fleet: ReplyCheck | None = None) -> list[Output]:
-    """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
-    request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again.
-    With `fleet`, a reply on weights the fleet does not serve is sent again (reply_check.py)."""
+                         stats: RequestStats) -> list[Output]:
+    """A non-streaming /generate call -> one finished Output per choice (what the call allows, a lost
+    adapter re-loaded or a reply on stale weights sent again, rides on `call`: sglang/retry_rules.py)."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         stats.mark_sent()
-        once = lambda: ctx.client.generate(call.body, lora, call.headers)
-        since = time.monotonic()
-        items = await once()
-        if fleet is not None and not _on_current(items, fleet):
-            items = await resend_stale(items, since, once, reply_versions, fleet, ctx.settings.stale_reply_tries,
-                                       _nothing, stats.count_stale_reply)
+        items = await ctx.client.generate(call)
     stats.mark_first_token()
     stats.note_whole_reply(items)
     outputs = rules.whole(items)
@@ -45,20 +36,13 @@ async def generate_whole(ctx: Upstream, call: SGLangRequest, rules: OutputRules,
 
 
 async def generate_streamed(request: web.Request, ctx: Upstream, call: SGLangRequest, rules: OutputRules,
-                            formatter, stats: RequestStats, lora: Reloads | None = None,
-                            fleet: ReplyCheck | None = None) -> web.StreamResponse:
+                            formatter, stats: RequestStats) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
-    With `fleet`, the first event's weight version is checked before any byte reaches the client: a
-    stream on weights the fleet does not serve is closed and opened again (reply_check.py)."""
+    The first event's weight version is checked (`call.check`) before any byte reaches the client."""
     async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
         stats.mark_sent()
-        once = lambda: _open_stream(ctx, call, lora, stack)
-        since = time.monotonic()
-        stream, first = await once()
-        if fleet is not None and not _on_current(first or [], fleet):
-            stream, first = await resend_stale((stream, first), since, once, _first_versions, fleet,
-                                               ctx.settings.stale_reply_tries, _close_stream,
-                                               stats.count_stale_reply)
+        stream, first = await ctx.client.start_stream(call)
+        stack.push_async_callback(stream.aclose)
         if first is None:
             raise BackendError("SGLang closed the stream before sending anything")
         frames = StreamFrames(rules, formatter)
@@ -76,34 +60,6 @@ async def generate_streamed(request: web.Request, ctx: Upstream, call: SGLangReq
         finally:
             record(stats, rules)
     return response
-
-
-def _on_current(items: list[dict], fleet: ReplyCheck) -> bool:
-    """The fast path of the stale-weights check: every item (or first stream event) carries the fleet's
-    current version, or none; anything else is judged by reply_check.resend_stale."""
-    return reply_versions(items) <= {fleet.current()}
-
-
-async def _nothing(reply) -> None:
-    return None
-
-
-def _first_versions(opened) -> set[str]:
-    return reply_versions(opened[1] or [])
-
-
-async def _close_stream(opened) -> None:
-    """A stale stream: closed (SGLang aborts a request whose client left) before it is sent again."""
-    await opened[0].aclose()
-
-
-async def _open_stream(ctx: Upstream, call: SGLangRequest, lora: Reloads | None,
-                       stack: contextlib.AsyncExitStack):
-    """The stream and its first batch of events, through the client's retry point (an HTTP error before it
-    raises here)."""
-    stream, first = await ctx.client.start_stream(call.body, lora, call.headers)
-    stack.push_async_callback(stream.aclose)
-    return stream, first
 
 
 async def _relay(request: web.Request, response: web.StreamResponse, ctx: Upstream, stream, rids: list[str],

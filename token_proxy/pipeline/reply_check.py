@@ -6,11 +6,10 @@ versions a reply may carry is the hook's to say; the pipeline only asks it and s
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from aiohttp import web
 
@@ -18,9 +17,6 @@ from token_proxy.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
-RETRY_BACKOFF_S = 0.05  # doubled per try: the watcher takes the stale worker out meanwhile
-RETRY_BACKOFF_MAX_S = 1.0
-T = TypeVar("T")
 
 
 class ReplyCheck(Protocol):
@@ -55,28 +51,27 @@ def reply_versions(items: Iterable[dict]) -> set[str]:
     return out
 
 
-async def resend_stale(reply: T, since: float, send: Callable[[], Awaitable[T]],
-                       versions_of: Callable[[T], set[str]], fleet: ReplyCheck, tries: int,
-                       on_stale: Callable[[T], Awaitable[None]], count: Callable[[], None]) -> T:
-    """The slow path, for a reply (sent at `since`) whose version is not the fleet's current one: judged
-    against the accepted set; a stale one is counted, handed to `on_stale` (a stream is closed there) and
-    sent again, up to `tries` sends in all; the last stale one is a 503."""
-    backoff = RETRY_BACKOFF_S
-    for attempt in range(1, tries + 1):
-        bad = await fleet.stale(versions_of(reply), since)
+@dataclass(slots=True)
+class StaleCheck:
+    """What a request carries to the client's one retry point (sglang/retry_rules.py's `VersionCheck`): the
+    registered hook's judgement, `tries` sends in all, `count()` per stale reply (the request's stats)."""
+
+    fleet: ReplyCheck
+    tries: int
+    count: Callable[[], None]
+
+    def fresh(self, versions: set[str]) -> bool:
+        """The fast path: every version the reply carries is the fleet's current one (or it carries none)."""
+        current = self.fleet.current()
+        return all(version == current for version in versions)
+
+    async def stale(self, versions: set[str], since: float) -> str | None:
+        bad = await self.fleet.stale(versions, since)
         if bad is None:
-            return reply
-        count()
-        await on_stale(reply)
-        current = fleet.current()
-        log.warning("a reply came from weight version %r, not the fleet's %r: sent again (%d of %d)", bad,
-                    current, attempt, tries)
-        if attempt == tries:
-            raise BackendUnavailable(
-                f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}, "
-                f"{tries} time(s): a worker is out of step with the fleet (GET /weight_info names it)")
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
-        since = time.monotonic()
-        reply = await send()
-    return reply
+            return None
+        self.count()
+        current = self.fleet.current()
+        log.warning("a reply came from weight version %r, not the fleet's %r: sent again (up to %d sends)", bad,
+                    current, self.tries)
+        return (f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}: a worker is out "
+                "of step with the fleet (GET /weight_info names it)")

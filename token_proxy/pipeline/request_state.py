@@ -57,7 +57,7 @@ class RequestStats:
     # A stream that failed after its 200 went out: the status its in-stream error chunk carried.
     stream_error_status: int | None = None
     seed_unhonoured: bool = False  # the request's seed went to an SGLang that ignores it
-    stale_replies: int = 0  # replies on weights the fleet does not serve, sent again (fleet_versions.py)
+    stale_replies: int = 0  # replies on weights the fleet does not serve, sent again (pipeline/reply_check.py)
     # A whole reply's times by SGLang's clock (meta_info), for vLLM's first-token and per-token series:
     # request_received_ts -> prefill_finished_time, and prefill_finished_time -> request_finished_ts.
     backend_first_token_s: float | None = None

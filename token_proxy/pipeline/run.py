@@ -24,7 +24,7 @@ from token_proxy.http_io import json_response, response_headers
 from token_proxy.pipeline.call import generate_streamed, generate_whole
 from token_proxy.pipeline.job import Job
 from token_proxy.pipeline.output_rules import OutputRules
-from token_proxy.pipeline.reply_check import REPLY_CHECK, refuse_if_unavailable
+from token_proxy.pipeline.reply_check import REPLY_CHECK, StaleCheck, refuse_if_unavailable
 from token_proxy.pipeline.request_state import RequestStats, header_request_id, new_request_id, now, stats_of
 from token_proxy.sglang.payload import resolve_max_tokens, sglang_request
 from token_proxy.state import Upstream
@@ -148,18 +148,21 @@ async def _serve(request: web.Request, ctx: Upstream, endpoint: Endpoint, prepar
     limits = prepared.limits
     meta = ResponseMeta(prepared.response_id, now(), target.name, prompts)
     stats.backend_rid = meta.response_id
-    call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
-                          cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path,
-                          api=ctx.backend.api, routing_key=request.headers.get("X-Session-ID"))
-    rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
-    formatter = await endpoint.formatter(ctx, meta)
-    lora = target.reloads if target.lora_path else None
-    # The last line against stale weights (reply_check.py: the hook fleet/ registers); --stale-reply-tries 0 turns it off.
+    # The last line against stale weights (reply_check.py: the hook fleet/ registers); --stale-reply-tries 0
+    # turns it off. No healthy worker at all: a prompt 503, never a wait.
     fleet = request.app.get(REPLY_CHECK) if ctx.settings.stale_reply_tries else None
     refuse_if_unavailable(fleet)
+    call = sglang_request(prompts, sampling, limits, rid=meta.response_id, stream=job.stream,
+                          cache_salt=job.cache_salt, priority=job.priority, lora_path=target.lora_path,
+                          api=ctx.backend.api, routing_key=request.headers.get("X-Session-ID"),
+                          reload=target.reloads if target.lora_path else None,
+                          check=None if fleet is None else
+                          StaleCheck(fleet, ctx.settings.stale_reply_tries, stats.count_stale_reply))
+    rules = output_rules(ctx, sampling, len(prompts), stats.prompt_tokens, job.stream)
+    formatter = await endpoint.formatter(ctx, meta)
     if job.stream:
-        return await generate_streamed(request, ctx, call, rules, formatter, stats, lora, fleet)
-    outputs = await generate_whole(ctx, call, rules, stats, lora, fleet)
+        return await generate_streamed(request, ctx, call, rules, formatter, stats)
+    outputs = await generate_whole(ctx, call, rules, stats)
     return json_response(formatter.response(outputs, rules.usage()))
 
 

@@ -2,13 +2,14 @@
 
 Every failure becomes a typed error: unreachable -> 503, SGLang's own failure -> 502, SGLang refusing the
 request -> 400 with SGLang's message, too slow -> 504 (what SGLang's answers mean: sglang/replies.py).
-Every call but a streamed /generate goes out through `_send` on the pool; a stream opens a connection of
-its own, read by sglang/relay.py (http or https). Every call carries `--sglang-api-key` as
+A whole /generate reply goes out on the kept-alive pool of the project's own HTTP/1.1 connections
+(sglang/pool.py); every other call through `_send` on aiohttp's pool; a stream opens a connection of its
+own, read by sglang/relay.py (http or https, alike for all three). Every call carries `--sglang-api-key` as
 `Authorization: Bearer <key>` when set, and never a client's credentials.
 
-The pool drops a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5), so the
-proxy never writes on one SGLang is about to close; `retrying`, the one retry point, sends a call once
-more, once, when sglang/retry_rules.py finds a reason (a stale idle connection, a lost LoRA adapter).
+Both pools drop a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5), so the
+proxy never writes on one SGLang is about to close; every call goes through the one retry point,
+sglang/retry_rules.py's `retrying`, and its one list of rules (broken reply, lost adapter, stale connection).
 """
 
 from __future__ import annotations
@@ -18,24 +19,28 @@ import contextlib
 import logging
 import os
 import ssl
-import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextvars import ContextVar
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Protocol
 
 import aiohttp
 import orjson
-from aiohttp.payload import BytesPayload
 from multidict import CIMultiDict
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError, ReplyBrokeOff
-from token_proxy.sglang.relay import RelayStream, cached_resolver, open_relay, relay_target
-from token_proxy.sglang.replies import error_from_status, invalid_json, loads
-from token_proxy.sglang.retry_rules import LOST_ADAPTER, RETRY_REASONS, again_because
-from token_proxy.vocabulary import Reloads
+from token_proxy.sglang.payload import SGLangRequest
+from token_proxy.sglang.pool import ReplyPool
+from token_proxy.sglang.relay import (
+    RelayStream,
+    Target,
+    cached_resolver,
+    host_header,
+    open_relay,
+    relay_target,
+)
+from token_proxy.sglang.replies import error_from_status, loads, weight_versions
+from token_proxy.sglang.retry_rules import ATTEMPT, RETRY_REASONS, Call, retrying
 
-__all__ = ["RETRY_REASONS", "InFlight", "ReuseAwareConnector", "SGLangClient", "abort_all_of",
-           "aborting_on_exit", "response_id_of", "send", "sglang_sessions"]
+__all__ = ["RETRY_REASONS", "InFlight", "SGLangClient", "abort_all_of", "aborting_on_exit", "response_id_of"]
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +52,15 @@ class SGLangClient:
                  connect_timeout_s: float = 10.0, first_token_timeout_s: float = 0.0,
                  stream_idle_timeout_s: float = 0.0, *, fresh: aiohttp.ClientSession | None = None,
                  on_retry: Callable[[str], None] | None = None, stream_coalesce_s: float = 0.0,
-                 api_key: str | None = None, ssl_context: ssl.SSLContext | None = None):
+                 api_key: str | None = None, ssl_context: ssl.SSLContext | None = None,
+                 replies: ReplyPool | None = None):
         """Timeouts: total per request; for streams also until the first event and between events
         (0: off). Non-streaming calls get no idle limit: SGLang sends nothing until it is done.
         `stream_coalesce_s`: streams' read pause (sglang/relay.py). `session` is the pool
         (`sglang_sessions`); `fresh` opens a connection per request, for the one retry of a call whose
         reused connection SGLang had closed (`on_retry(reason)`). `api_key`: SGLang's own --api-key, sent
-        on every call. `ssl_context`: for an https URL; None: the system's trust store (SSL_CERT_FILE adds a CA)."""
+        on every call. `ssl_context`: for an https URL; None: the system's trust store (SSL_CERT_FILE adds a CA).
+        `replies`: the kept-alive pool of whole /generate replies (sglang/pool.py; None: one of the client's own)."""
         self.base_url = base_url.rstrip("/")
         self._session = session
         self._fresh = fresh
@@ -69,43 +76,58 @@ class SGLangClient:
         self._coalesce_s = stream_coalesce_s
         self._short = aiohttp.ClientTimeout(total=min(30.0, request_timeout_s), sock_connect=connect_timeout_s)
         self._resolve = cached_resolver()
+        self._replies = replies if replies is not None else ReplyPool()
+        self._target: Target | None = None  # where whole replies go, and their request's head: on first use
+        self._head = b""
 
-    async def generate(self, payload: dict, reload: Reloads | None = None, headers: dict | None = None) -> list[dict]:
-        """Non-streaming /generate: its outputs. `reload`: an adapter request's (a lost adapter is
-        re-loaded and the call sent again); `headers`: extra ones (a session's routing key)."""
-        async def once(again: bool) -> bytes:
-            async with self._post("/generate", payload, again, headers) as resp:
-                body = await resp.read()
-                if resp.status != 200:
-                    raise error_from_status(resp.status, body)
-                return body
+    async def generate(self, call: SGLangRequest) -> list[dict]:
+        """Non-streaming /generate: its outputs, through the retry point with what `call` allows (a lost
+        adapter re-loaded, stale weights judged); `call.headers`: extra ones (a session's routing key)."""
+        body = orjson.dumps(call.body)
+        if self._target is None:
+            self._aim()
+        request = self._head + _extra_lines(call.headers) + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
 
-        body = await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True)
-        try:  # orjson here, not replies.loads: a plain chat's success runs no more modules than before (15)
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise invalid_json(body) from exc
-        return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
+        async def once(again: bool) -> list[dict]:
+            status, answer = await self._replies.send(
+                self.base_url, self._target, request, new=again, connect_s=self._timeout.sock_connect,
+                total_s=self._timeout.total, resolve=self._resolve, ssl_context=self._ssl)
+            if status != 200:
+                raise error_from_status(status, answer)
+            data = loads(answer)
+            return data if isinstance(data, list) else [data]  # SGLang answers an object for one output
 
-    async def start_stream(self, payload: dict, reload: Reloads | None = None,
-                           headers: dict | None = None) -> tuple[RelayStream, list | None]:
+        return await retrying(once, Call(call.reload, True, call.check), on_retry=self._on_retry,
+                              versions_of=weight_versions)
+
+    def _aim(self) -> None:
+        """A whole /generate's target and request head, but for its Content-Length and the call's extra headers
+        (a URL that is not http(s) fails here, a 503)."""
+        target = relay_target(self.base_url)
+        self._head = (b"POST %b/generate HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n%b"
+                      % (target.prefix.encode(), host_header(target).encode(),
+                         b"Authorization: Bearer %b\r\n" % self._api_key.encode() if self._api_key else b""))
+        self._target = target
+
+    async def start_stream(self, call: SGLangRequest) -> tuple[RelayStream, list | None]:
         """A streaming /generate and its first batch of events (None: it ended without any); relay the rest
-        with `relay()`, then `aclose()` the stream. `reload` as for `generate`."""
+        with `relay()`, then `aclose()` the stream. Retried as `generate`: a stream broken before its first
+        event, or whose first event is on stale weights, is closed and opened again (no byte reached the client)."""
         async def once(again: bool) -> tuple[RelayStream, list | None]:
-            stream = await self.open_stream(payload, headers)
+            stream = await self.open_stream(call.body, call.headers)
             try:
                 return stream, await stream.first()
             except BaseException:
                 await stream.aclose()
                 raise
 
-        # regenerates: a stream that broke off before its first event is opened again (no byte reached the client)
-        return await retrying(once, reload=reload, on_retry=self._on_retry, regenerates=True)
+        return await retrying(once, Call(call.reload, True, call.check), on_retry=self._on_retry,
+                              versions_of=_first_versions, discard=_close_stream)
 
     async def open_stream(self, payload: dict, headers: dict | None = None) -> RelayStream:
         """A streaming /generate, sent on a connection of its own (sglang/relay.py)."""
         auth = b"Authorization: Bearer %b\r\n" % self._api_key.encode() if self._api_key else b""
-        auth += b"".join(b"%b: %b\r\n" % (k.encode(), v.encode()) for k, v in (headers or {}).items())
+        auth += _extra_lines(headers)
         return await open_relay(self.base_url, relay_target(self.base_url), "/generate", orjson.dumps(payload),
                                 connect_s=self._timeout.sock_connect, total_s=self._timeout.total,
                                 idle_s=self._idle_s, first_token_s=self._first_token_s, resolve=self._resolve,
@@ -166,7 +188,7 @@ class SGLangClient:
         """The same session, timeouts, key and TLS, aimed at another server (one worker behind a router)."""
         return SGLangClient(base_url, self._session, self._timeout.total, self._timeout.sock_connect,
                             fresh=self._fresh, on_retry=self._on_retry, stream_coalesce_s=self._coalesce_s,
-                            api_key=self._api_key, ssl_context=self._ssl)
+                            api_key=self._api_key, ssl_context=self._ssl, replies=self._replies)
 
     async def call(self, method: str, path: str, body: bytes | None, timeout_s: float,
                    headers: dict | None = None) -> tuple[int, bytes, str]:
@@ -188,15 +210,6 @@ class SGLangClient:
         return _Call(self._send(method, path_qs, data=body, headers=headers, timeout=self._timeout,
                                 allow_redirects=False), self.base_url)
 
-    def _post(self, path: str, payload: dict, again: bool, headers: dict | None = None) -> _Call:
-        """One attempt of a POST inside `retrying` (`again`: the retry's, on a fresh connection)."""
-        session = self._fresh if again and self._fresh is not None else self._session
-        # The content type rides on the body, so a plain call passes no headers: aiohttp merges none (~2.5 us)
-        body = BytesPayload(orjson.dumps(payload), content_type="application/json")
-        headers = {**self._auth, **headers} if headers else self._auth or None
-        return _Call(request(session, "POST", f"{self.base_url}{path}", data=body, headers=headers,
-                             timeout=self._timeout, ssl=self._ssl_arg()), self.base_url)
-
     async def _send(self, method: str, path: str, headers: dict | None = None, **kwargs) -> aiohttp.ClientResponse:
         """Every HTTP call to SGLang but /generate goes out here: the response once its headers are in,
         with the one retry of a closed idle connection (sglang/retry_rules.py). The key replaces any Authorization."""
@@ -207,7 +220,7 @@ class SGLangClient:
 
         def once(again: bool):
             session = self._fresh if again and self._fresh is not None else self._session
-            return request(session, method, url, headers=headers, ssl=self._ssl_arg(), **kwargs)
+            return _request(session, method, url, headers=headers, ssl=self._ssl_arg(), **kwargs)
 
         return await retrying(once, on_retry=self._on_retry)
 
@@ -305,89 +318,26 @@ def abort_all_of(ctx: InFlight, rids: list[str]) -> None:
         ctx.spawn(ctx.client.abort(rid))
 
 
-# --- the pool, and the one retry point ------------------------------------------------------------
-
-T = TypeVar("T")
-
-
-class Attempt:
-    """Filled in while a call is being sent: did it get a pooled connection, did the answer begin?"""
-
-    __slots__ = ("answered", "reused")
-
-    def __init__(self) -> None:
-        self.reused = False
-        self.answered = False
-
-
-_ATTEMPT: ContextVar[Attempt | None] = ContextVar("sglang_attempt", default=None)
-
-
-async def retrying(send: Callable[[bool], Awaitable[T]], *, reload: Reloads | None = None,
-                   on_retry: Callable[[str], None] | None = None, regenerates: bool = False) -> T:
-    """`await send(False)`; once more as `send(True)` (True: on a fresh connection) when a retry rule
-    finds a reason: `reload.resync()` first for a lost adapter, `on_retry(reason)` for the others."""
-    attempt = Attempt()
-    token = _ATTEMPT.set(attempt)
-    try:
-        return await send(False)
-    except (ProxyError, aiohttp.ClientError) as exc:
-        reason = again_because(exc, reused=attempt.reused, answered=attempt.answered, reloads=reload is not None,
-                               regenerates=regenerates)
-        if reason is None:
-            raise
-    finally:
-        _ATTEMPT.reset(token)
-    if reason == LOST_ADAPTER:
-        await reload.resync()
-    elif on_retry is not None:
-        on_retry(reason)
-    return await send(True)
-
-
-async def request(session: aiohttp.ClientSession, method: str, url: str, **kwargs) -> aiohttp.ClientResponse:
-    """One HTTP request, until its status and headers are in (the attempt notes that the answer began)."""
+async def _request(session: aiohttp.ClientSession, method: str, url: str, **kwargs) -> aiohttp.ClientResponse:
+    """One HTTP request, until its status and headers are in (the retry point's attempt notes that the answer began)."""
     resp = await session.request(method, url, **kwargs)
-    attempt = _ATTEMPT.get()
+    attempt = ATTEMPT.get()
     if attempt is not None:
         attempt.answered = True
     return resp
 
 
-async def send(pooled: aiohttp.ClientSession, fresh: aiohttp.ClientSession | None, method: str, url: str,
-               on_retry: Callable[[str], None] | None = None, **kwargs) -> aiohttp.ClientResponse:
-    """`method url` through the pool, until the response's status and headers are in (read or release
-    the response); sent once more on a fresh connection when the pooled one was stale."""
-    return await retrying(lambda again: request(fresh if again and fresh else pooled, method, url, **kwargs),
-                          on_retry=on_retry)
+def _first_versions(opened: tuple[RelayStream, list | None]) -> set[str]:
+    return weight_versions(opened[1] or [])
 
 
-class ReuseAwareConnector(aiohttp.TCPConnector):
-    """aiohttp's TCP pool that tells the call in progress (through a context variable, set in the
-    sending task) whether the connection it got has carried a request before. Cheaper than a
-    TraceConfig, which costs every request a dozen awaited signals."""
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self._used: weakref.WeakSet = weakref.WeakSet()
-
-    async def connect(self, req, traces, timeout):
-        conn = await super().connect(req, traces, timeout)
-        protocol = conn.protocol
-        if protocol is not None:
-            attempt = _ATTEMPT.get()
-            if attempt is not None:
-                attempt.reused = protocol in self._used
-            self._used.add(protocol)
-        return conn
+async def _close_stream(opened: tuple[RelayStream, list | None]) -> None:
+    """A stale stream: closed (SGLang aborts a request whose client left) before it is opened again."""
+    await opened[0].aclose()
 
 
-@contextlib.asynccontextmanager
-async def sglang_sessions(keepalive_s: float) -> AsyncIterator[tuple[aiohttp.ClientSession, aiohttp.ClientSession]]:
-    """(pooled, fresh): every SGLang call's pool, idle connections kept `keepalive_s` at most, and a
-    session whose every request opens its own connection (the retry's)."""
-    # limit=0: the data path must never queue behind aiohttp's default 100-connection pool.
-    pooled = aiohttp.ClientSession(connector=ReuseAwareConnector(limit=0, keepalive_timeout=keepalive_s))
-    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
-    async with pooled, fresh:
-        yield pooled, fresh
+def _extra_lines(headers: dict | None) -> bytes:
+    """A call's extra headers (a routing key) as header lines, each ending in CRLF."""
+    if not headers:
+        return b""
+    return b"".join(b"%b: %b\r\n" % (k.encode(), v.encode()) for k, v in headers.items())

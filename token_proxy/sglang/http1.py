@@ -20,13 +20,15 @@ class FramingError(ValueError):
 class ResponseFramer:
     """One response: `feed(read)` -> the body bytes it completes. `status` is None until the head is in;
     `done` once the body has ended (the last chunk, or Content-Length bytes); at the connection's close,
-    `ends_at_close()` says whether that was the body's end."""
+    `ends_at_close()` says whether that was the body's end. `close`: the server will close the connection
+    after this response (`Connection: close`, or HTTP/1.0 without keep-alive): it cannot carry another."""
 
-    __slots__ = ("_buf", "_chunked", "_left", "_length", "_skip", "done", "status")
+    __slots__ = ("_buf", "_chunked", "_left", "_length", "_skip", "close", "done", "status")
 
     def __init__(self) -> None:
         self.status: int | None = None
         self.done = False
+        self.close = False
         self._buf = b""  # bytes not yet framed (the head, or a chunk's size line)
         self._chunked = False
         self._length: int | None = None  # body bytes left (Content-Length; None: until the close)
@@ -60,6 +62,7 @@ class ResponseFramer:
             lines, buf = buf[:end].decode("latin-1").split("\r\n"), buf[end + 4:]
             status = _status_of(lines[0])
             if not 100 <= status < 200:
+                self.close = lines[0].startswith("HTTP/1.0")
                 self._headers(lines[1:])
                 self.status = status
                 return buf
@@ -72,6 +75,9 @@ class ResponseFramer:
                 self._chunked = True
             elif name == "content-length":
                 self._length = int(value.strip())
+            elif name == "connection":
+                value = value.strip().lower()
+                self.close = "close" in value or (self.close and "keep-alive" not in value)
         if self._chunked:
             self._length = None
 

@@ -11,8 +11,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from token_proxy.errors import InvalidRequest, max_tokens_too_large, prompt_too_long
+from token_proxy.sglang.retry_rules import VersionCheck
 from token_proxy.sglang.versions import VERIFIED_FEATURES, SGLangFeatures
-from token_proxy.vocabulary import SamplingRequest
+from token_proxy.vocabulary import Reloads, SamplingRequest
 
 # vLLM field -> SGLang sampling_params key, copied when the client set it.
 _OPTIONAL_SAMPLING = (
@@ -32,11 +33,15 @@ _OPTIONAL_SAMPLING = (
 @dataclass(frozen=True, slots=True)
 class SGLangRequest:
     """One /generate call: its JSON body, the rids to abort it by (SGLang aborts a batch item by item), and
-    the routing key a router that routes by key reads (a session's id: routing_headers)."""
+    the routing key a router that routes by key reads (a session's id: routing_headers). What the retry
+    point may do rides along (sglang/retry_rules.py): `reload` re-loads a lost LoRA adapter (an adapter
+    request's), `check` judges a reply's weight version (the fleet's stale-weights check)."""
 
     body: dict
     rids: list[str]
     routing_key: str | None = None
+    reload: Reloads | None = None
+    check: VersionCheck | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -55,13 +60,14 @@ def routing_headers(key: str | None) -> dict[str, str]:
 def sglang_request(prompts: list[list[int]], sampling: SamplingRequest, max_new_tokens: list[int], *, rid: str,
                    stream: bool, cache_salt: str | None = None, priority: int | None = None,
                    lora_path: str | None = None, api: SGLangFeatures = VERIFIED_FEATURES,
-                   routing_key: str | None = None) -> SGLangRequest:
+                   routing_key: str | None = None, reload: Reloads | None = None,
+                   check: VersionCheck | None = None) -> SGLangRequest:
     body = batch_payload(prompts, sampling, max_new_tokens, rid=rid, stream=stream, cache_salt=cache_salt,
                          priority=priority, api=api)
     if lora_path is not None:
         body["lora_path"] = lora_path  # one path for every item of a batch
     rids = body["rid"]
-    return SGLangRequest(body, rids if isinstance(rids, list) else [rids], routing_key)
+    return SGLangRequest(body, rids if isinstance(rids, list) else [rids], routing_key, reload, check)
 
 
 CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")

@@ -293,18 +293,20 @@ async def open_relay(base_url: str, target: Target, path: str, body: bytes, *, c
     the response is read as it comes (see RelayStream). `headers`: extra header lines, each ending in CRLF."""
     loop = asyncio.get_running_loop()
     stream = RelayStream(loop, base_url, coalesce_s)
-    await _connect(loop, stream, base_url, target, connect_s, resolve, ssl_context)
+    await connect(loop, stream, base_url, target, connect_s, resolve, ssl_context)
     stream.transport.write(_request(target, path, body, headers))
     stream.start_timers(first_token_s, idle_s, total_s)
     return stream
 
 
-async def _connect(loop, stream: RelayStream, base_url: str, target: Target, connect_s: float | None,
-                   resolve: Callable[[str], Awaitable[str]], ssl_context: ssl.SSLContext | None) -> None:
+async def connect(loop, protocol: asyncio.Protocol, base_url: str, target: Target, connect_s: float | None,
+                  resolve: Callable[[str], Awaitable[str]], ssl_context: ssl.SSLContext | None) -> None:
+    """`protocol` connected to `target` (TLS for https: `ssl_context`, or the system's trust store); a
+    failure is a typed error (unreachable: 503, too slow: 504). Streams' and whole replies' connections."""
     host, port = target.host, target.port
     tls = (ssl_context or ssl.create_default_context()) if target.tls else None
     try:
-        await asyncio.wait_for(loop.create_connection(lambda: stream, await resolve(host), port, ssl=tls,
+        await asyncio.wait_for(loop.create_connection(lambda: protocol, await resolve(host), port, ssl=tls,
                                                       server_hostname=host if tls else None), connect_s)
     except asyncio.TimeoutError:
         raise BackendTimeout("SGLang did not answer in time") from None
@@ -313,9 +315,13 @@ async def _connect(loop, stream: RelayStream, base_url: str, target: Target, con
                                  f"[{exc.strerror or exc}]") from exc
 
 
-def _request(target: Target, path: str, body: bytes, headers: bytes) -> bytes:
+def host_header(target: Target) -> str:
+    """The Host header's value: the port only when it is not the scheme's default."""
     name = f"[{target.host}]" if ":" in target.host else target.host
-    host_header = name if target.port == (443 if target.tls else 80) else f"{name}:{target.port}"
+    return name if target.port == (443 if target.tls else 80) else f"{name}:{target.port}"
+
+
+def _request(target: Target, path: str, body: bytes, headers: bytes) -> bytes:
     return (b"POST %b%b HTTP/1.1\r\nHost: %b\r\nContent-Type: application/json\r\n"
             b"Accept: text/event-stream\r\nContent-Length: %d\r\nConnection: close\r\n%b\r\n%b"
-            % (target.prefix.encode(), path.encode(), host_header.encode(), len(body), headers, body))
+            % (target.prefix.encode(), path.encode(), host_header(target).encode(), len(body), headers, body))

@@ -3,7 +3,8 @@
 One home for SGLang's reply shapes, read by every caller: the stream's SSE events (`parse_event`, which
 sglang/events.py's decoder imports), a non-200 answer (`error_from_status`), a JSON body that is
 not (`loads`, `invalid_json`), and SGLang's words for an adapter a worker does not hold
-(`is_lost_adapter`, a retry rule's test).
+(`is_lost_adapter`, a retry rule's test), the weight versions a reply carries (`weight_versions`, the
+stale-weights rule's).
 """
 
 from __future__ import annotations
@@ -117,3 +118,14 @@ def message_of(parsed) -> str | None:
 def is_lost_adapter(message: str) -> bool:
     """SGLang refused a request because the worker does not hold the adapter (it restarted)."""
     return any(words in message for words in LOST_ADAPTER)
+
+
+def weight_versions(items) -> set[str]:
+    """The weight versions SGLang reports in each item's (or stream event's) meta_info."""
+    out = set()
+    for item in items:
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        version = meta.get("weight_version") if isinstance(meta, dict) else None
+        if version is not None:
+            out.add(str(version))
+    return out
