@@ -29,8 +29,9 @@ async def bridge_and_proxy(aiohttp_server, make_sim, make_proxy):
         body = await request.json() if request.can_read_body else {}
         calls.append((request.path, body))
         if request.path == "/bridge/push" and fail:
+            worker = fail.pop("worker", sim_url)  # another worker's name: this one stopped for it (a 503)
             return web.json_response({"ok": False, "buckets": 3, "tensors": 2, "bytes": 10, "seconds": 0.1,
-                                      "errors": [{"worker": sim_url, "message": fail.pop("message")}]}, status=502)
+                                      "errors": [{"worker": worker, "message": fail.pop("message")}]}, status=502)
         return web.json_response({"ok": True, "buckets": 3, "tensors": 11, "bytes": 100, "seconds": 0.1, "errors": []})
 
     app = web.Application()
@@ -63,9 +64,21 @@ async def test_primerl_through_the_bridge(bridge_and_proxy):
     assert "unknown parameter model.layers.0.bogus" in body["error"]["message"]
     assert sim_url in body["error"]["message"]
     assert (await proxy.post("/resume")).status == 409  # held
+    pushes = len(calls)
     r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_4"})
-    assert (r.status, (await r.json())["weight_version"]) == (200, "4")  # the next push recovers, no new init
+    assert (r.status, len(calls)) == (400, pushes)  # a retry of the failed step: its answer again, no receive
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_5"})
+    assert (r.status, (await r.json())["weight_version"]) == (200, "5")  # the next push recovers, no new init
     assert (await proxy.post("/resume")).status == 200
+
+    fail.update(worker="http://elsewhere:30000", message="http://elsewhere:30000: unknown parameter x")
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_6"})
+    body = await r.json()
+    assert r.status == 503  # prime-rl retries a 5xx ...
+    assert "the push stopped on weight bridge" in body["error"]["message"]
+    pushes = len(calls)
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_6"})
+    assert (r.status, len(calls)) == (503, pushes)  # ... and the retry answers at once, without a new receive
 
 
 async def test_vllm_through_the_bridge(bridge_and_proxy):

@@ -35,6 +35,9 @@ class BridgeMode:
     dialect: str = ""
     packed: bool = True
     buffer_size_bytes: int = 1 << 30
+    # prime-rl retries /update_weights on a 5xx, but its trainer sends each step once: a retry must not start a
+    # receive that would wait for the next step's stream. The failed step (its weight_dir) and its error.
+    failed_step: tuple[str, Exception] | None = None
 
 
 BRIDGES = web.AppKey("weight_bridges", BridgeMode)

@@ -105,9 +105,17 @@ async def _bridge_step(plane: AdminPlane, app: web.Application, weight_dir) -> w
     """Bridge mode: prime-rl's push (its weight_dir only names the step: the weights come over NCCL, through
     the bridges), then the version (step N) and the flush, as any update."""
     version = _next_version(plane, weight_dir if isinstance(weight_dir, str) else "")
-    async with plane.transaction():
-        await bridge_mode.push(plane, app, "update_weights (weight bridge)")
-        await vllm_weights.finish(plane, version, "update_weights (weight bridge)")
+    mode = app[bridge_mode.BRIDGES]
+    if mode.failed_step is not None and mode.failed_step[0] == str(weight_dir):
+        raise mode.failed_step[1]  # a retry of the step that failed: the trainer will not send it again
+    try:
+        async with plane.transaction():
+            await bridge_mode.push(plane, app, "update_weights (weight bridge)")
+            await vllm_weights.finish(plane, version, "update_weights (weight bridge)")
+    except WorkerFailed as exc:
+        mode.failed_step = (str(weight_dir), exc)
+        raise
+    mode.failed_step = None
     return json_response({"status": "ok", "weight_version": version})
 
 
