@@ -60,6 +60,11 @@ def enabled(app: web.Application) -> bool:
     return BRIDGES in app
 
 
+def dialect(app: web.Application) -> str:
+    """The dialect the bridges last joined for ("" before any init, or after the trainer's shutdown)."""
+    return app[BRIDGES].dialect
+
+
 def split_group(world_size: int, first_rank: int, bridges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Each bridge's (rank_offset, ranks) from its (GPUs, workers), in bridge order: every bridge one rank per
     GPU, or every bridge one per worker; the trainer's group must be exactly that large (the bridge checks its
@@ -149,11 +154,18 @@ async def push(plane: AdminPlane, app: web.Application, action: str, update_info
     if not all(r.ok for r in replies):
         try:
             await fleet.push_failed(plane, urls, replies, action)
-        finally:  # the bridges drained the stream and stay joined: the next push needs no new init
-            plane.live_groups.add(GROUP)
+        finally:  # after a refusal the bridges drained the stream and stay joined: the next push needs no init
+            if await _still_joined(plane, mode):
+                plane.live_groups.add(GROUP)
     plane.loaded_path = None
     if plane.hold is not None:
         plane.hold["received"] = True
+
+
+async def _still_joined(plane: AdminPlane, mode: BridgeMode) -> bool:
+    infos = await asyncio.gather(*(_call(mode, u, "GET", "/bridge/info", None, plane.settings.admin_timeout_s)
+                                   for u in mode.urls))
+    return all(status == 200 and body.get("joined") for status, body in infos)
 
 
 def worker_replies(urls: Sequence[str], mode: BridgeMode, results: Sequence[tuple[int, dict]]) -> list[WorkerReply]:

@@ -66,7 +66,7 @@ async def update_weights(request: web.Request) -> web.Response:
         return await vllm_weights.update_weights(request, body)
     weight_dir = body.get("weight_dir")
     nccl = weight_dir is None or _is_nccl_marker_dir(plane, weight_dir)
-    if bridge_mode.enabled(request.app) and (nccl or bridge_mode.GROUP in plane.live_groups):
+    if bridge_mode.enabled(request.app) and (nccl or bridge_mode.dialect(request.app) == "primerl"):
         return await _bridge_step(plane, request.app, weight_dir)
     if nccl:
         return await _nccl_step(plane)
