@@ -20,17 +20,22 @@ def url_of(server) -> str:
 async def bridge_and_proxy(aiohttp_server, make_sim, make_proxy):
     sim = await make_sim()
     sim_url = url_of(sim)
-    calls, fail = [], {}
+    calls, fail, joined = [], {}, []
 
     async def info(request):
-        return web.json_response({"gpus": [0], "workers": [sim_url], "tp_ranks": 1, "joined": [], "dialect": ""})
+        return web.json_response({"gpus": [0], "workers": [sim_url], "tp_ranks": 1, "joined": joined, "dialect": ""})
 
     async def record(request):
         body = await request.json() if request.can_read_body else {}
         calls.append((request.path, body))
+        if request.path in ("/bridge/join", "/bridge/leave"):
+            joined[:] = [1] if request.path == "/bridge/join" else []
         if request.path == "/bridge/push" and fail:
+            if fail.pop("torn", False):  # a receiver died: the bridge dropped its group
+                joined.clear()
+            worker = fail.pop("worker", sim_url)  # another worker's name: this one stopped for it (a 503)
             return web.json_response({"ok": False, "buckets": 3, "tensors": 2, "bytes": 10, "seconds": 0.1,
-                                      "errors": [{"worker": sim_url, "message": fail.pop("message")}]}, status=502)
+                                      "errors": [{"worker": worker, "message": fail.pop("message")}]}, status=502)
         return web.json_response({"ok": True, "buckets": 3, "tensors": 11, "bytes": 100, "seconds": 0.1, "errors": []})
 
     app = web.Application()
@@ -39,6 +44,22 @@ async def bridge_and_proxy(aiohttp_server, make_sim, make_proxy):
     bridge = await aiohttp_server(app)
     proxy = await make_proxy(sim, weight_bridges=(url_of(bridge),), check_local_paths=False)
     return proxy, calls, fail, sim_url
+
+
+async def test_a_torn_push_needs_a_new_init(bridge_and_proxy):
+    proxy, _, fail, _ = bridge_and_proxy
+    init = {"host": "10.0.0.5", "port": 29501, "rank_offset": 0, "inference_world_size": 1}
+    assert (await proxy.post("/init_broadcaster", json=init)).status == 200
+    fail.update(torn=True, message="rank 1 (GPU 0) died (exit code -9)")
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_1"})
+    assert r.status == 400
+    assert "rank 1 (GPU 0) died" in (await r.json())["error"]["message"]
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_2"})
+    assert r.status == 409
+    assert "have not joined the trainer's group" in (await r.json())["error"]["message"]
+    assert (await proxy.post("/init_broadcaster", json=init)).status == 200  # the trainer's new init recovers
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_2"})
+    assert (r.status, (await r.json())["weight_version"]) == (200, "2")
 
 
 async def test_primerl_through_the_bridge(bridge_and_proxy):
@@ -63,9 +84,21 @@ async def test_primerl_through_the_bridge(bridge_and_proxy):
     assert "unknown parameter model.layers.0.bogus" in body["error"]["message"]
     assert sim_url in body["error"]["message"]
     assert (await proxy.post("/resume")).status == 409  # held
+    pushes = len(calls)
     r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_4"})
-    assert (r.status, (await r.json())["weight_version"]) == (200, "4")  # the next push recovers, no new init
+    assert (r.status, len(calls)) == (400, pushes)  # a retry of the failed step: its answer again, no receive
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_5"})
+    assert (r.status, (await r.json())["weight_version"]) == (200, "5")  # the next push recovers, no new init
     assert (await proxy.post("/resume")).status == 200
+
+    fail.update(worker="http://elsewhere:30000", message="http://elsewhere:30000: unknown parameter x")
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_6"})
+    body = await r.json()
+    assert r.status == 503  # prime-rl retries a 5xx ...
+    assert "the push stopped on weight bridge" in body["error"]["message"]
+    pushes = len(calls)
+    r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_6"})
+    assert (r.status, len(calls)) == (503, pushes)  # ... and the retry answers at once, without a new receive
 
 
 async def test_vllm_through_the_bridge(bridge_and_proxy):

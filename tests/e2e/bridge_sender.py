@@ -54,9 +54,12 @@ class Communicator:
     """Rank 0 of the trainer's group over torch.cuda.nccl (what PyNcclCommunicator does over ctypes)."""
 
     def __init__(self, port: int, world_size: int, timeout_s: float):
-        mod = types.ModuleType(_VllmUniqueId.__module__)
+        name = _VllmUniqueId.__module__
+        for i in range(1, name.count(".") + 1):  # pickle imports the top package too (vllm itself is not here)
+            sys.modules.setdefault(".".join(name.split(".")[:i]), types.ModuleType(".".join(name.split(".")[:i])))
+        mod = types.ModuleType(name)
         mod.ncclUniqueId = _VllmUniqueId
-        sys.modules[_VllmUniqueId.__module__] = mod  # so pickle finds the class by vLLM's name
+        sys.modules[name] = mod  # so pickle finds the class by vLLM's name
         self.store = dist.TCPStore("127.0.0.1", port, world_size=world_size, is_master=True,
                                    timeout=timedelta(seconds=timeout_s), use_libuv=False)  # waits for W
         uid = torch.cuda.nccl.unique_id()

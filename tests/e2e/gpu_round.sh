@@ -80,7 +80,7 @@ case "$mode" in
       | tee "$OUT/$mode.log" | tail -40 ;;
   bridge)
     PRIMERL_SRC=$PWD/.gpu/primerl VLLM_SRC=$PWD/.gpu/vllm033 E2E_TRAINER_GPU=${E2E_TRAINER_GPU:-} \
-      SGLANG_URL=http://127.0.0.1:30000 timeout 540 python3 -m pytest -q tests/e2e/test_live_bridge.py -m gpu \
+      SGLANG_URL=http://127.0.0.1:30000 timeout 540 python3 -m pytest -q -x tests/e2e/test_live_bridge.py -m gpu \
       -p no:cacheprovider -rs -s 2>&1 | tee "$OUT/bridge.log" | tail -80 ;;
   bench-bridge)
     timeout 540 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \

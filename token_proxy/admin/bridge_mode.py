@@ -36,6 +36,9 @@ class BridgeMode:
     dialect: str = ""
     packed: bool = True
     buffer_size_bytes: int = 1 << 30
+    # prime-rl retries /update_weights on a 5xx, but its trainer sends each step once: a retry must not start a
+    # receive that would wait for the next step's stream. The failed step (its weight_dir) and its error.
+    failed_step: tuple[str, Exception] | None = None
 
 
 BRIDGES = web.AppKey("weight_bridges", BridgeMode)
@@ -56,6 +59,11 @@ def add_bridge_mode(app: web.Application, urls: Sequence[str]) -> None:
 
 def enabled(app: web.Application) -> bool:
     return BRIDGES in app
+
+
+def dialect(app: web.Application) -> str:
+    """The dialect the bridges last joined for ("" before any init, or after the trainer's shutdown)."""
+    return app[BRIDGES].dialect
 
 
 def split_group(world_size: int, first_rank: int, bridges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -147,11 +155,18 @@ async def push(plane: AdminPlane, app: web.Application, action: str, update_info
     if not all(r.ok for r in replies):
         try:
             await fleet.push_failed(plane, urls, replies, action)
-        finally:  # the bridges drained the stream and stay joined: the next push needs no new init
-            plane.live_groups.add(GROUP)
+        finally:  # after a refusal the bridges drained the stream and stay joined: the next push needs no init
+            if await _still_joined(plane, mode):
+                plane.live_groups.add(GROUP)
     plane.loaded_path = None
     if plane.hold is not None:
         plane.hold["received"] = True
+
+
+async def _still_joined(plane: AdminPlane, mode: BridgeMode) -> bool:
+    infos = await asyncio.gather(*(_call(mode, u, "GET", "/bridge/info", None, plane.settings.admin_timeout_s)
+                                   for u in mode.urls))
+    return all(status == 200 and body.get("joined") for status, body in infos)
 
 
 def worker_replies(urls: Sequence[str], mode: BridgeMode, results: Sequence[tuple[int, dict]]) -> list[WorkerReply]:

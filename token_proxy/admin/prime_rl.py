@@ -68,7 +68,7 @@ async def update_weights(request: web.Request) -> web.Response:
         return await vllm_weights.update_weights(request, body)
     weight_dir = body.get("weight_dir")
     nccl = weight_dir is None or _is_nccl_marker_dir(plane, weight_dir)
-    if bridge_mode.enabled(request.app) and (nccl or bridge_mode.GROUP in plane.live_groups):
+    if bridge_mode.enabled(request.app) and (nccl or bridge_mode.dialect(request.app) == "primerl"):
         return await _bridge_step(plane, request.app, weight_dir)
     if nccl:
         return await _nccl_step(plane)
@@ -107,11 +107,19 @@ async def _bridge_step(plane: AdminPlane, app: web.Application, weight_dir) -> w
     """Bridge mode: prime-rl's push (its weight_dir only names the step: the weights come over NCCL, through
     the bridges), then the version (step N) and the flush, as any update."""
     version = _next_version(plane, weight_dir if isinstance(weight_dir, str) else "")
+    mode = app[bridge_mode.BRIDGES]
+    if mode.failed_step is not None and mode.failed_step[0] == str(weight_dir):
+        raise mode.failed_step[1]  # a retry of the step that failed: the trainer will not send it again
     update = OpenUpdate()  # this call is the whole update: its push opens it, its finish labels it
-    async with plane.transaction():
-        update.start(plane)
-        await bridge_mode.push(plane, app, "update_weights (weight bridge)")
-        await vllm_weights.finish(plane, update, version, "update_weights (weight bridge)")
+    try:
+        async with plane.transaction():
+            update.start(plane)
+            await bridge_mode.push(plane, app, "update_weights (weight bridge)")
+            await vllm_weights.finish(plane, update, version, "update_weights (weight bridge)")
+    except WorkerFailed as exc:
+        mode.failed_step = (str(weight_dir), exc)
+        raise
+    mode.failed_step = None
     return json_response({"status": "ok", "weight_version": version})
 
 

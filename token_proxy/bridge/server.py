@@ -228,14 +228,15 @@ async def _run_push(bridge: Bridge, spec: PushSpec, timeout_s: float) -> dict:
     totals = {"buckets": 0, "tensors": 0, "bytes": 0}
     errors: list[dict] = []
     live = list(bridge.ranks)
-    refused = False
+    refused = torn = False
     load_s = 0.0
     while live:
         messages = await asyncio.gather(*(_recv(r, timeout_s) for r in live))
         finished = [(r, m) for r, m in zip(live, messages) if m[0] != "bucket"]
         for rank, message in finished:
             live.remove(rank)
-            if message[0] == "failed":
+            if message[0] == "failed":  # a torn stream, a dead or silent rank: not a refusal
+                torn = True
                 errors.append({"worker": ",".join(g.worker for g in rank.plan.serves), "message": message[1]})
         buckets = [(r, m) for r, m in zip(live, messages) if m[0] == "bucket"]
         if not buckets:
@@ -250,8 +251,8 @@ async def _run_push(bridge: Bridge, spec: PushSpec, timeout_s: float) -> dict:
         totals["bytes"] += buckets[0][1][3]
         for rank, message in buckets:
             rank.conn.send(("ack", message[1], ok, refusals[0]["message"] if refusals else ""))
-    if errors:
-        await _leave_if_torn(bridge, errors)
+    if torn:  # ranks stuck in (or out of) the stream cannot take the next push: the trainer must init again
+        await _leave(bridge)
     return {"ok": not errors, **totals, "load_s": round(load_s, 4), "errors": errors}
 
 
@@ -269,13 +270,6 @@ async def _load(bridge: Bridge, buckets: Sequence[tuple[Rank, tuple]], timeout_s
         for url, tps in per_worker.items()))
     refusals = [{"worker": url, "message": text} for url, (ok, text) in zip(per_worker, results) if not ok]
     return not refusals, refusals
-
-
-async def _leave_if_torn(bridge: Bridge, errors: list[dict]) -> None:
-    """A rank that failed (not a refusal: a torn stream, a dead process) leaves the group unusable: drop it, so
-    the trainer's next init starts clean."""
-    if any(not r.process.is_alive() for r in bridge.ranks):
-        await _leave(bridge)
 
 
 def create_bridge_app(settings: BridgeSettings, spawn: Callable[..., Rank] | None = None) -> web.Application:
