@@ -135,7 +135,7 @@ def test_ctrl_c_while_the_simulator_starts_prints_no_traceback():
 def test_the_readme_curl_names_the_model_make_run_serves():
     """`make run` with no BACKEND: the CLI's simulator, started without --model-path, serves SimConfig's name."""
     from tests.serving.test_readme import curl_example
-    from token_proxy.simulator.config import SimConfig
+    from token_proxy.simulator import SimConfig
 
     _, _, body = curl_example()
     assert body["model"] == SimConfig.model_path == "sim/qwen2-tiny"
