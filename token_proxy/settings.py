@@ -21,7 +21,7 @@ class Settings:
     port: int = 8000
     # Path or HF id; None: ask the backend's /model_info for tokenizer_path.
     tokenizer: str | None = None
-    # Serve even when a probe text encodes to other ids on SGLang (sglang/tokenizer_check.py): not SGLang's tokenizer.
+    # Serve even when a probe text encodes to other ids on SGLang (sglang/config_checks.py): not SGLang's tokenizer.
     allow_tokenizer_mismatch: bool = False
     # Model name clients send and see; None: the backend's served_model_name.
     served_model_name: str | None = None

@@ -9,7 +9,7 @@ import orjson
 from tests.sglang.test_tokenizer_check import build_other_tokenizer
 from token_proxy.app import create_app
 from token_proxy.settings import Settings
-from token_proxy.sglang import tokenizer_check
+from token_proxy.sglang import config_checks as tokenizer_check
 from token_proxy.sglang.discovery import CONNECTION, wait_until_connected
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from token_proxy.app import create_app
 from token_proxy.settings import Settings
-from token_proxy.sglang import tokenizer_check
+from token_proxy.sglang import config_checks as tokenizer_check
 from token_proxy.sglang.discovery import CONNECTION, ON_FATAL, wait_until_connected
 from token_proxy.simulator import SIM_STATE, SimConfig, create_sim_app
 
@@ -86,7 +86,7 @@ async def test_the_simulator_on_another_tokenizer_is_caught_too(aiohttp_server, 
 
 
 async def test_allow_tokenizer_mismatch_serves_with_a_warning(make_sim, aiohttp_client, other_tokenizer_dir, caplog):
-    caplog.set_level(logging.WARNING, "token_proxy.sglang.discovery")
+    caplog.set_level(logging.WARNING, "token_proxy.sglang.config_checks")
     _, conn, fatal = await proxy_app(aiohttp_client, await make_sim(), tokenizer=str(other_tokenizer_dir),
                                      allow_tokenizer_mismatch=True)
     assert conn.connected is not None and fatal == []
@@ -144,7 +144,7 @@ async def test_an_sglang_that_cannot_tokenize_is_compared_by_path_with_a_warning
     async def run(fn, *args):
         return fn(*args)
 
-    caplog.set_level(logging.WARNING, "token_proxy.sglang.tokenizer_check")
+    caplog.set_level(logging.WARNING, "token_proxy.sglang.config_checks")
     assert await tokenizer_check.compare(NoTokenize(), hf_tokenizer, "/models/a", "/models/b", run) is None
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [

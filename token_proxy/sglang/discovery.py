@@ -31,7 +31,7 @@ from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
-from token_proxy.sglang import tokenizer_check
+from token_proxy.sglang import config_checks
 from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
 from token_proxy.sglang.versions import KNOWN_RANGE, features_for
@@ -121,7 +121,8 @@ async def discover_one(client: SGLangClient, settings: Settings) -> BackendInfo:
         served_model_name=settings.served_model_name or server_info.get("served_model_name")
         or model_info.get("model_path") or "default",
         tokenizer_path=tokenizer,
-        max_model_len=await _max_model_len(client, settings, server_info),
+        max_model_len=config_checks.max_model_len(settings.context_length, client.base_url,  # at most SGLang's
+                                                  await _context_length(client, server_info, settings.context_length)),
         incremental_stream=bool(server_info.get("incremental_streaming_output")
                                 or server_info.get("stream_output")),
         weight_version=model_info.get("weight_version"),
@@ -144,24 +145,7 @@ def _max_prompt_len(server_info: dict) -> int | None:
     return limit - 1 if isinstance(limit, int) and limit > 1 else None
 
 
-async def _max_model_len(client: SGLangClient, settings: Settings, server_info: dict) -> int:
-    """SGLang's context length, or --max-model-len when it is no larger: as vLLM refuses a max_model_len over
-    the model's, a longer one is a configuration error (every long request would get SGLang's 400)."""
-    wanted = settings.context_length
-    try:
-        served = await _context_length(client, server_info)
-    except RuntimeError:
-        if wanted:
-            return wanted  # SGLang says none: the flag is all there is
-        raise
-    if wanted and wanted > served:
-        raise ConfigMismatch(f"User-specified max_model_len ({wanted}) is greater than the context length of SGLang "
-                             f"at {client.base_url} ({served}): pass --max-model-len {served} or less, or start "
-                             f"SGLang with --context-length {wanted}")
-    return wanted or served
-
-
-async def _context_length(client: SGLangClient, server_info: dict) -> int:
+async def _context_length(client: SGLangClient, server_info: dict, fallback: int | None = None) -> int:
     """/v1/models carries the model's real max_model_len; server args may only hold an override."""
     try:
         models = await client.get_json("/v1/models")
@@ -172,6 +156,8 @@ async def _context_length(client: SGLangClient, server_info: dict) -> int:
         log.info("no /v1/models on SGLang (%s); using server_info", exc.message)
     if isinstance(server_info.get("context_length"), int):
         return server_info["context_length"]
+    if fallback:  # --context-length, when SGLang says none
+        return fallback
     raise RuntimeError(f"cannot learn the context length from SGLang at {client.base_url}; pass --context-length")
 
 
@@ -288,10 +274,6 @@ class FleetMismatch(TokenizerLoadError):
     """The workers behind the router disagree on something no request can survive (the stream mode)."""
 
 
-class ConfigMismatch(TokenizerLoadError):
-    """SGLang contradicts a flag (--max-model-len over its context, a tokenizer that is not its own)."""
-
-
 async def connect(conn: Connection, max_delay_s: float = 5.0, clock=time.monotonic,
                   before_load: Callable[[], None] | None = None) -> None:
     """Retry (with a capped backoff) until SGLang is healthy and discovered. Logs each wait at INFO
@@ -362,7 +344,7 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                                  "(pass --tokenizer with a local directory or a Hugging Face id)") from None
     finally:
         conn.loading_tokenizer = None
-    await check_tokenizer(conn, picture, tokenizer)
+    await config_checks.check_tokenizer(conn, picture, tokenizer)  # SGLang's own, or ConfigMismatch
     fast_bpe = (await asyncio.get_running_loop().run_in_executor(conn.executor, load_fast_bpe, tokenizer)
                 if conn.settings.fast_encoder else None)
     agreed = picture.agreed
@@ -373,40 +355,6 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                               fast_bpe=fast_bpe)
     conn.set_connected(Connected(picture, describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
                                  _tool_parser(conn.settings, tokenizer)))
-
-
-async def check_tokenizer(conn: Connection, picture: SGLangPicture, tokenizer) -> None:
-    """The loaded tokenizer against the first generating server's (sglang/tokenizer_check.py): a mismatch is a
-    ConfigMismatch (fatal), or a warning under --allow-tokenizer-mismatch."""
-    url = picture.worker_urls[0]
-    client = conn.client if url == conn.client.base_url else conn.client.at(url)
-    loop = asyncio.get_running_loop()
-    problem = await tokenizer_check.compare(client, tokenizer, picture.agreed.tokenizer_path,
-                                            await tokenizer_check.sglang_tokenizer_path(client),
-                                            lambda fn, *args: loop.run_in_executor(conn.executor, fn, *args))
-    if problem and conn.settings.allow_tokenizer_mismatch:
-        log.warning("%s (served all the same: --allow-tokenizer-mismatch)", problem)
-    elif problem:
-        raise ConfigMismatch(problem)
-
-
-async def recheck_tokenizer(app: web.Application) -> None:
-    """SGLang answers again after an outage (it may have restarted on another model): compare once more, and
-    stop the proxy (ON_FATAL) rather than serve another model's ids."""
-    conn = app[CONNECTION]
-    if conn.connected is None:
-        return
-    try:
-        await check_tokenizer(conn, conn.connected.picture, conn.connected.renderer.tokenizer)
-    except ConfigMismatch as exc:
-        conn.fatal = conn.last_error = f"after SGLang came back: {exc}"
-        log.error("%s", conn.fatal)
-        conn.connected = None  # every data route answers 503 with the reason until the process ends
-        on_fatal = app.get(ON_FATAL)
-        if on_fatal is not None:
-            on_fatal(conn.fatal)
-    except (ProxyError, RuntimeError, OSError, ValueError) as exc:
-        log.warning("cannot compare the tokenizer with SGLang's after the outage: %s", exc)
 
 
 def _tool_parser(settings: Settings, tokenizer) -> str | None:
@@ -432,15 +380,8 @@ async def keep_connected(app: web.Application, before_load: Callable[[], None] |
     conn = app[CONNECTION]
     try:
         await connect(conn, before_load=before_load)
-        rechecks: set[asyncio.Task] = set()
-
-        def recheck() -> None:
-            task = asyncio.get_running_loop().create_task(recheck_tokenizer(app))
-            rechecks.add(task)
-            task.add_done_callback(rechecks.discard)
-
-        conn.back_hooks.append(recheck)
-    except TokenizerLoadError as exc:
+        conn.back_hooks.append(config_checks.rechecker(conn, app.get(ON_FATAL)))  # SGLang restarted: compare again
+    except (TokenizerLoadError, config_checks.ConfigMismatch) as exc:
         conn.fatal = conn.last_error = str(exc)
         log.error("%s", exc)
         on_fatal = app.get(ON_FATAL)

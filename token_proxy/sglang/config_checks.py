@@ -1,4 +1,9 @@
-"""Is the proxy's tokenizer SGLang's? The proxy renders and encodes every prompt itself and SGLang only sees ids:
+"""Where SGLang contradicts a flag, a configuration error (ConfigMismatch: fatal at start-up, sglang/discovery.py).
+
+--max-model-len over SGLang's context length: vLLM refuses a max_model_len over the model's at start-up, and every
+long request would get SGLang's 400.
+
+Is the proxy's tokenizer SGLang's? The proxy renders and encodes every prompt itself and SGLang only sees ids:
 a tokenizer from another model would be served without a word, with wrong prompt_token_ids. At start-up (and
 when SGLang answers again after an outage: it may have restarted on another model) a probe text is encoded on
 both sides: a fixed text of words, digits, accents, CJK and emoji, then every added token the proxy's
@@ -10,7 +15,9 @@ does. Different ids name both tokenizers (path, vocabulary size, eos) in one lin
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -24,6 +31,19 @@ PROBE = "Hello, world! The quick brown fox: 0123456789 -- héllo, naïve 你好 
 # The added tokens put into the probe (Qwen has 22, Llama 3 256 reserved ones: the first 128 say enough).
 MAX_ADDED_IN_PROBE = 128
 TIMEOUT_S = 30.0
+
+
+class ConfigMismatch(Exception):
+    """SGLang contradicts a flag (--max-model-len over its context, a tokenizer that is not its own)."""
+
+
+def max_model_len(wanted: int | None, url: str, served: int) -> int:
+    """--max-model-len when it is no larger than SGLang's context length (`served`), else ConfigMismatch."""
+    if wanted and wanted > served:
+        raise ConfigMismatch(f"User-specified max_model_len ({wanted}) is greater than the context length of SGLang "
+                             f"at {url} ({served}): pass --max-model-len {served} or less, or start SGLang with "
+                             f"--context-length {wanted}")
+    return wanted or served
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +131,47 @@ async def compare(client: SGLangClient, tokenizer, our_path: str, their_path: st
         return None
     eos = getattr(tokenizer, "eos_token", None)
     return mismatch_line(Sides(ours, theirs, our_path, their_path, len(tokenizer), eos if isinstance(eos, str) else None))
+
+
+async def check_tokenizer(conn, picture, tokenizer) -> None:
+    """The loaded tokenizer against the first generating server's (`conn`: discovery's Connection, `picture` its
+    SGLangPicture): ConfigMismatch, or a warning under --allow-tokenizer-mismatch."""
+    url = picture.worker_urls[0]
+    client = conn.client if url == conn.client.base_url else conn.client.at(url)
+    loop = asyncio.get_running_loop()
+    problem = await compare(client, tokenizer, picture.agreed.tokenizer_path, await sglang_tokenizer_path(client),
+                            lambda fn, *args: loop.run_in_executor(conn.executor, fn, *args))
+    if problem and conn.settings.allow_tokenizer_mismatch:
+        log.warning("%s (served all the same: --allow-tokenizer-mismatch)", problem)
+    elif problem:
+        raise ConfigMismatch(problem)
+
+
+async def recheck_tokenizer(conn, on_fatal: Callable[[str], None] | None) -> None:
+    """SGLang answers again after an outage (it may have restarted on another model): compare once more, and stop
+    the proxy (on_fatal; every data route says why meanwhile) rather than serve another model's ids."""
+    connected = conn.connected
+    if connected is None:
+        return
+    try:
+        await check_tokenizer(conn, connected.picture, connected.renderer.tokenizer)
+    except ConfigMismatch as exc:
+        conn.fatal = conn.last_error = f"after SGLang came back: {exc}"
+        log.error("%s", conn.fatal)
+        conn.connected = None
+        if on_fatal is not None:
+            on_fatal(conn.fatal)
+    except (ProxyError, RuntimeError, OSError, ValueError) as exc:
+        log.warning("cannot compare the tokenizer with SGLang's after the outage: %s", exc)
+
+
+def rechecker(conn, on_fatal: Callable[[str], None] | None) -> Callable[[], None]:
+    """A Connection back hook: recheck_tokenizer in a task (held until it ends)."""
+    running: set[asyncio.Task] = set()
+
+    def start() -> None:
+        task = asyncio.get_running_loop().create_task(recheck_tokenizer(conn, on_fatal))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    return start
