@@ -261,7 +261,7 @@ class ProxyMetrics:
                 decode_tokens = choice.generation_tokens - 1
                 vllm.tpot(decode_s / decode_tokens if decode_tokens > 0 else 0.0)
                 if not stats.stream and decode_tokens > 0:
-                    observe_many(vllm.itl, [decode_s / decode_tokens] * decode_tokens)
+                    observe_repeated(vllm.itl, decode_s / decode_tokens, decode_tokens)
         ttft = self._first_token_s(stats)
         if ttft is not None:
             for _ in range(stats.started_choices):
@@ -399,6 +399,21 @@ def observe_many(histogram, amounts: list[float]) -> None:
         counts[index] = counts.get(index, 0) + 1
     for index, n in counts.items():
         buckets[index].inc(n)
+
+
+def observe_repeated(histogram, amount: float, times: int) -> None:
+    """`histogram.observe(amount)` `times` times as one write to its bucket and one to its sum (a non-streamed
+    reply's inter-token latencies: one mean per decoded token). As observe_many, it falls back to observe."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets) or bounds[-1] != math.inf \
+            or math.isnan(amount):
+        for _ in range(times):
+            histogram.observe(amount)
+        return
+    total.inc(amount * times)
+    buckets[bisect_left(bounds, amount)].inc(times)
 
 
 def stream_token_gaps(gaps: list[float], tokens: list[int], choices: int) -> list[float]:
