@@ -39,6 +39,6 @@ async def test_the_vllm_request_counts_agree_per_choice_on_real_sglang(proxy):
                  "vllm:request_generation_tokens_count", "vllm:request_time_per_output_token_seconds_count",
                  "vllm:time_to_first_token_seconds_count"):
         assert added[name] == 3.0, (name, added)
-    # 11 per choice after its first token: 2 whole-reply choices (SGLang's decode time) and the stream's
-    # (its event batches; with SGLang's --stream-interval 1, one per token)
-    assert added["vllm:inter_token_latency_seconds_count"] == 33.0, added
+    # 11 per whole-reply choice after its first token (SGLang's decode time), and the stream's tokens after its
+    # first event batch (11 when that batch held one token)
+    assert 22.0 < added["vllm:inter_token_latency_seconds_count"] <= 33.0, added
