@@ -1,4 +1,4 @@
-"""observe_many (ops/metrics.py): a stream's inter-token gaps in one update per bucket give the
+"""observe_many (ops/series.py): a stream's inter-token gaps in one update per bucket give the
 histogram one-by-one observe() gives."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from token_proxy.ops.metrics import observe_many, observe_repeated
+from token_proxy.ops.series import observe_many, observe_repeated
 
 BOUNDS = [0.01, 0.025, 0.05, 0.1, 1.0]
 # on a bound, between bounds, below the first, past the last (+Inf), zero, negative, repeats
@@ -60,7 +60,7 @@ def test_under_workers_mmapd_values_take_the_same_counts(tmp_path):
     """--workers: prometheus-client's multiprocess values (chosen at import, so in a child process)."""
     script = f"""
 from prometheus_client import CollectorRegistry, Histogram, values
-from token_proxy.ops.metrics import observe_many, observe_repeated
+from token_proxy.ops.series import observe_many, observe_repeated
 assert values.ValueClass.__name__ == "MmapedValue", values.ValueClass
 one, many = (Histogram(name, "g", ["m"], buckets={BOUNDS!r}, registry=CollectorRegistry()).labels("m")
              for name in ("one", "many"))
