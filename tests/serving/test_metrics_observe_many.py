@@ -1,4 +1,4 @@
-"""observe_many (ops/metrics.py): a stream's inter-token gaps in one update per bucket give the
+"""observe_many (ops/series.py): a stream's inter-token gaps in one update per bucket give the
 histogram one-by-one observe() gives."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from token_proxy.ops.metrics import observe_many
+from token_proxy.ops.series import observe_many, observe_repeated
 
 BOUNDS = [0.01, 0.025, 0.05, 0.1, 1.0]
 # on a bound, between bounds, below the first, past the last (+Inf), zero, negative, repeats
@@ -60,7 +60,7 @@ def test_under_workers_mmapd_values_take_the_same_counts(tmp_path):
     """--workers: prometheus-client's multiprocess values (chosen at import, so in a child process)."""
     script = f"""
 from prometheus_client import CollectorRegistry, Histogram, values
-from token_proxy.ops.metrics import observe_many
+from token_proxy.ops.series import observe_many, observe_repeated
 assert values.ValueClass.__name__ == "MmapedValue", values.ValueClass
 one, many = (Histogram(name, "g", ["m"], buckets={BOUNDS!r}, registry=CollectorRegistry()).labels("m")
              for name in ("one", "many"))
@@ -73,3 +73,15 @@ print([b.get() for b in one._buckets] == [b.get() for b in many._buckets], abs(o
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.stdout.strip() == "True True", out.stderr[-2000:]
+
+
+def test_observe_repeated_is_observe_n_times():
+    one, many = CollectorRegistry(), CollectorRegistry()
+    slow = Histogram("h", "h", buckets=(0.01, 0.1, 1.0), registry=one)
+    fast = Histogram("h", "h", buckets=(0.01, 0.1, 1.0), registry=many)
+    for amount, times in ((0.05, 7), (0.1, 3), (5.0, 2), (0.0, 1)):
+        for _ in range(times):
+            slow.observe(amount)
+        observe_repeated(fast, amount, times)
+    assert [(s.name, s.labels, s.value) for m in one.collect() for s in m.samples if not s.name.endswith("_created")] \
+        == [(s.name, s.labels, s.value) for m in many.collect() for s in m.samples if not s.name.endswith("_created")]

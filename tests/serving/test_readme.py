@@ -227,12 +227,13 @@ async def test_the_curl_example_gives_the_documented_reply(make_sim, make_proxy)
 
 
 async def test_the_skyrl_limits_the_quick_start_names(proxy):
-    """SkyRL's LoRA route is served by neither SGLang nor the proxy, and its packed NCCL update is a 501."""
-    quick_start = README.read_text().split("### SkyRL", 1)[1].split("###", 1)[0]
-    assert "`/skyrl/v1/load_lora_adapter`, which neither SGLang nor the proxy serves (404)" in " ".join(
-        quick_start.split())
-    response = await proxy.post("/skyrl/v1/load_lora_adapter", json={"lora_name": "policy", "lora_path": "/x"})
-    assert response.status == 404
+    """SkyRL's LoRA route is the proxy's (issue 39; tests/admin/test_skyrl_client.py), and its packed NCCL update
+    is a 501."""
+    quick_start = " ".join(README.read_text().split("### SkyRL", 1)[1].split("###", 1)[0].split())
+    assert "the proxy serves SkyRL's own `POST /skyrl/v1/load_lora_adapter {lora_name, lora_path}`" in quick_start
+    response = await proxy.post("/skyrl/v1/load_lora_adapter", json={"lora_name": "policy"})
+    assert response.status == 400
+    assert (await response.json())["error"]["message"] == "Both 'lora_name' and 'lora_path' must be provided."
     packed = {"method": "update_weights_nccl",
               "kwargs": {"update_info": {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[8]], "packed": True}}}
     response = await proxy.post("/collective_rpc", json=packed)

@@ -143,3 +143,42 @@ async def test_vllm_structured_outputs_through_the_proxy(sim, make_proxy, struct
     assert response.status == 200, body
     assert accepts(body["choices"][0]["message"]["content"]), body
     assert body["choices"][0]["finish_reason"] == "stop"
+
+
+CHOICES = ["red", "green", "blue", "amber", "violet", "cyan"]
+CONSTRAINED = [
+    pytest.param({"structured_outputs": {"choice": CHOICES}}, id="choice"),
+    pytest.param({"structured_outputs": {"regex": "(north|south|east|west|up|down)"}}, id="regex"),
+    pytest.param({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+                 id="forced-tool-call"),
+    pytest.param({"tools": TOOLS, "tool_choice": "required"}, id="required-tool-call"),
+]
+
+
+def answers(body: dict) -> list[str]:
+    return [json.dumps([c["function"] for c in choice["message"].get("tool_calls") or []])
+            + (choice["message"]["content"] or "") for choice in body["choices"]]
+
+
+@pytest.mark.parametrize("constrained", CONSTRAINED)
+async def test_n_samples_under_a_constraint_differ_and_one_seed_gives_one_answer(sim, make_proxy, constrained):
+    """issue 39: n=4 under regex, choice or a forced tool call gave four identical answers, so a GRPO group under
+    structured outputs had zero variance on the simulator. Sampled, they differ where the constraint leaves a
+    choice; a seed gives the same four again; greedy is one answer four times, as a greedy decode."""
+    proxy = await make_proxy(sim, tool_call_parser="hermes", enable_auto_tool_choice=True)
+
+    async def chat(**extra) -> list[str]:
+        response = await proxy.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Pick one."}], "max_tokens": 300, "n": 4, **constrained, **extra})
+        body = await response.json()
+        assert response.status == 200, body
+        assert {c["finish_reason"] for c in body["choices"]} <= {"stop", "tool_calls"}, body
+        return answers(body)
+
+    seeded = await chat(temperature=1.0, seed=7)
+    assert len(set(seeded)) > 1, seeded
+    assert await chat(temperature=1.0, seed=7) == seeded
+    assert await chat(temperature=1.0, seed=8) != seeded
+    assert len(set(await chat(temperature=1.0))) > 1
+    greedy = await chat(temperature=0)
+    assert len(set(greedy)) == 1, greedy

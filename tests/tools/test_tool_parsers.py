@@ -142,10 +142,33 @@ def test_hermes_no_call_is_plain_content():
     assert "tool_calls" not in parsed.message_fields()
 
 
+class _StreamRules:
+    """A format without its non-streamed rule (`whole`): what a stream of the text sends."""
+
+    def __init__(self, fmt):
+        self._fmt = fmt
+
+    def __getattr__(self, name):
+        if name == "whole":
+            raise AttributeError(name)
+        return getattr(self._fmt, name)
+
+
+def stream_rules(parsing: OutputParsing) -> OutputParsing:
+    return dataclasses.replace(parsing, tool_format=_StreamRules(parsing.tool_format))
+
+
+def assert_vllm_whole_reply_is_all_content(text: str) -> None:
+    """vLLM 0.33's Hermes2ProToolParser.extract_tool_calls: a closed region that is not a call (its regex ends a
+    call at the first `</tool_call>`) gives no calls and the whole output as content (issue 39)."""
+    parsed = auto("hermes").parse(text)
+    assert (parsed.tool_calls, parsed.content) == ([], text)
+
+
 def test_hermes_truncated_call_emits_no_broken_json():
     text = "Sure " + hermes_call("get_weather", NESTED)[:-30]
     parsed = assert_stream_matches(auto("hermes"), text)
-    assert parsed.tool_calls == [] and parsed.content == "Sure "
+    assert parsed.tool_calls == [] and parsed.content == "Sure "  # vLLM: the whole text as content
     _, events = run_stream(auto("hermes", tool_call_streaming="whole"), list(text))
     assert not [e for e in events if e.kind in ("tool_call", "arguments")]
 
@@ -153,12 +176,23 @@ def test_hermes_truncated_call_emits_no_broken_json():
 def test_hermes_complete_call_cut_before_its_end_tag_counts_at_the_end():
     text = '<tool_call>\n{"name": "search", "arguments": {"query": "a"}}\n</tool_'
     parsed = assert_stream_matches(auto("hermes"), text)
-    assert calls_of(parsed) == [("search", {"query": "a"})]
+    assert calls_of(parsed) == [("search", {"query": "a"})]  # vLLM: no call (its json.loads reads `</tool_`)
 
 
-def test_hermes_malformed_call_is_dropped():
+def test_hermes_malformed_call_is_dropped_from_a_stream():
     text = hermes_call("search", {"query": "ok"}) + "<tool_call>\n{not json}\n</tool_call>"
-    assert calls_of(assert_stream_matches(auto("hermes"), text)) == [("search", {"query": "ok"})]
+    assert calls_of(assert_stream_matches(stream_rules(auto("hermes")), text)) == [("search", {"query": "ok"})]
+    assert_vllm_whole_reply_is_all_content(text)
+
+
+def test_hermes_whole_reply_is_vllms_for_good_calls_too():
+    text = "Let me check.\n" + hermes_call("search", {"query": "x"}) + "\n" + hermes_call("now", {})
+    parsed = auto("hermes").parse(text)
+    assert parsed.content == "Let me check.\n" and calls_of(parsed) == [("search", {"query": "x"}), ("now", {})]
+    unterminated = hermes_call("search", {"query": "x"})[: -len("</tool_call>")]  # vLLM: runs to the end
+    assert calls_of(auto("hermes").parse(unterminated)) == [("search", {"query": "x"})]
+    spoiled = hermes_call("search", {"query": "x"}) + "<tool_call>\n" + '{"name": "now"}\n</tool_call>'
+    assert_vllm_whole_reply_is_all_content(spoiled)  # a closed call without arguments
 
 
 def test_hermes_with_qwen3_reasoning():
@@ -746,11 +780,14 @@ def test_qwen3_coder_fragments_join_to_the_parse_for_random_calls():
         assert _joined_fragments(parsing, _random_pieces(rng, text)) == want, text
 
 
-def test_hermes_a_literal_end_tag_inside_a_string_argument_neither_ends_nor_splits_the_call():
-    """issue 31: fragments mode sent half a call, then the next one, while the whole reply had only the next."""
+def test_hermes_a_literal_end_tag_inside_a_string_argument():
+    """issue 31: fragments mode sent half a call, then the next one: a stream neither ends nor splits the call
+    there. issue 39: the whole reply is vLLM's (its regex ends the call at that tag, the JSON fails: no calls, the
+    whole output as content), as the README says."""
     text = (hermes_call("get_weather", {"city": "a </tool_call> b <tool_call> c", "days": 2}) + "\n"
             + hermes_call("get_weather", {"city": "Paris", "days": 1}))
-    parsed = assert_stream_matches(auto("hermes"), text)
+    parsed = assert_stream_matches(stream_rules(auto("hermes")), text)
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [
         ("get_weather", {"city": "a </tool_call> b <tool_call> c", "days": 2}),
         ("get_weather", {"city": "Paris", "days": 1})]
+    assert_vllm_whole_reply_is_all_content(text)

@@ -1,5 +1,6 @@
 """The labelled children one request observes, looked up once per route (RouteSeries) and per served
-model (VllmSeries) instead of per request, and a histogram child's observe as one bisect (fast_observer).
+model (VllmSeries) instead of per request, a histogram child's observe as one bisect (fast_observer), and many
+observations at once (observe_many, observe_repeated: a request's inter-token latencies).
 ProxyMetrics (ops/metrics.py) owns the series and passes itself as `metrics`; these only hold its children
 (not imported here: ops/ has no cycles, type-only imports counted)."""
 
@@ -91,3 +92,43 @@ def fast_observer(histogram) -> Callable[[float], None]:
         counts[bisect_left(bounds, amount)](1)
 
     return observe
+
+
+def observe_many(histogram, amounts: list[float]) -> None:
+    """`histogram.observe(a)` for every amount, as one write per bucket touched and one to the sum: a
+    stream's inter-token gaps are ~130 observations, each a locked write (an mmap'd file's under
+    --workers), 0.7 us each here, 1.9 us under --workers. Reads prometheus-client's Histogram internals;
+    where they are not as expected, observes one by one. (The sum is added at once: it may differ
+    from one-by-one adds in the last bit.)"""
+    if not amounts:
+        return
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets) or bounds[-1] != inf:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    total.inc(sum(amounts))
+    # observe() counts an amount in the first bucket whose upper bound is >= it: bisect_left's index.
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        index = bisect_left(bounds, amount)
+        counts[index] = counts.get(index, 0) + 1
+    for index, n in counts.items():
+        buckets[index].inc(n)
+
+
+def observe_repeated(histogram, amount: float, times: int) -> None:
+    """`histogram.observe(amount)` `times` times as one write to its bucket and one to its sum (a non-streamed
+    reply's inter-token latencies: one mean per decoded token). As observe_many, it falls back to observe."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets) or bounds[-1] != inf \
+            or isnan(amount):
+        for _ in range(times):
+            histogram.observe(amount)
+        return
+    total.inc(amount * times)
+    buckets[bisect_left(bounds, amount)].inc(times)

@@ -6,6 +6,10 @@ instance of the schema (varied by the prompt, so different prompts pick differen
 `anyOf` branches, e.g. different tools of a "required" call), tokenizes it, and the
 sequence emits those tokens and then EOS. `max_new_tokens` still cuts it short, as it
 would cut a real constrained generation.
+
+A sampled sequence also varies with its `sampling_seed`, or without one with its index among the reply's
+samples, as sampling under a grammar does: n samples differ where the constraint leaves a choice (branches,
+enum values, strings), and one seed always gives one answer. A greedy one is the prompt's alone.
 """
 
 from __future__ import annotations
@@ -18,14 +22,25 @@ from token_proxy.simulator.grammar_text import ebnf_text, regex_text
 _MAX_DEPTH = 8
 
 
-def forced_output_ids(json_schema: str, prompt: list[int], encode) -> tuple[int, ...]:
-    """The token ids of a document valid under `json_schema` (a JSON string, as SGLang takes it)."""
+def forced_output_ids(json_schema: str, prompt: list[int], encode, variant: int = 0) -> tuple[int, ...]:
+    """The token ids of a document valid under `json_schema` (a JSON string, as SGLang takes it); `variant`:
+    the sample's own part of the choices (see _variant)."""
     schema = json.loads(json_schema)  # JSONDecodeError is a ValueError: see with_forced_outputs
     if not isinstance(schema, dict):
         raise ValueError("the schema is not a JSON object")  # noqa: TRY004 (a bad value, reported as SGLang does)
-    seed = sum(prompt) + len(prompt)
-    value = _Instance(schema, seed).of(schema, 0)
+    seed = sum(prompt) + len(prompt) + variant
+    value = _Instance(schema, seed, variant).of(schema, 0)
     return tuple(encode(json.dumps(value, ensure_ascii=False)))
+
+
+def _variant(spec) -> int:
+    """What a sample adds to the prompt's choices: greedy nothing (one answer, as a greedy decode under a
+    grammar); sampled with a seed, the seed (one seed, one answer; the proxy seeds n samples seed, seed+1, ...);
+    sampled without one, its index in the reply, so n samples differ (deterministic, for tests)."""
+    params = spec.params
+    if params.greedy:
+        return 0
+    return params.sampling_seed % 2**31 if params.sampling_seed is not None else spec.index
 
 
 def with_forced_outputs(sequences: list, encode, scripted_output: str | None = None) -> list:
@@ -50,10 +65,11 @@ def _constraint(params) -> tuple[str, str] | None:
 
 def _constrained(spec, encode):
     key, value = _constraint(spec.params)
-    seed = sum(spec.prompt) + len(spec.prompt)
+    variant = _variant(spec)
+    seed = sum(spec.prompt) + len(spec.prompt) + variant
     try:
         if key == "json_schema":
-            forced = forced_output_ids(value, spec.prompt, encode)
+            forced = forced_output_ids(value, spec.prompt, encode, variant)
         else:
             forced = tuple(encode(regex_text(value, seed) if key == "regex" else ebnf_text(value, seed)))
         return replace(spec, forced_ids=forced)
@@ -63,8 +79,8 @@ def _constrained(spec, encode):
 
 
 class _Instance:
-    def __init__(self, root: dict, seed: int):
-        self._root, self._seed = root, seed
+    def __init__(self, root: dict, seed: int, variant: int = 0):
+        self._root, self._seed, self._variant = root, seed, variant
 
     def of(self, schema: object, depth: int) -> object:
         if not isinstance(schema, dict) or depth > _MAX_DEPTH:
@@ -97,7 +113,7 @@ class _Instance:
             items = schema.get("items") or {}
             return [self.of(items, depth + 1) for _ in range(count)]
         if kind == "string":
-            text = "sim"
+            text = f"sim{self._variant % 997}" if self._variant else "sim"  # samples differ in strings too
             return text.ljust(schema.get("minLength", 0), "x")[: schema.get("maxLength", 1 << 30)]
         if kind in ("integer", "number"):
             low = schema.get("minimum", schema.get("exclusiveMinimum", 0) + (1 if "exclusiveMinimum" in schema else 0))

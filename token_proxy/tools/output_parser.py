@@ -38,8 +38,14 @@ class OutputParsing:
         return self.tool_call_streaming == "fragments" and hasattr(self.tool_format, "progress")
 
     def parse(self, text: str) -> ParsedOutput:
+        """A non-streamed reply: the format's `whole` rule where it has one (vLLM's non-streaming parser)."""
         split = self.split(text, final=True)
-        scan = self.scan(split.rest, final=True)
+        whole = getattr(self.tool_format, "whole", None)
+        if whole is not None and split.rest is not None:
+            scan = whole(split.rest, self.tools)
+            scan = Scan(scan.content, scan.calls[:1]) if self.single_call else scan
+        else:
+            scan = self.scan(split.rest, final=True)
         return ParsedOutput(
             reasoning=self.shown_reasoning(split),
             content=self.content(split, scan),

@@ -1,12 +1,17 @@
 """hermes (Qwen2.5, Qwen3, Hermes 2 Pro; vLLM alias qwen3_json): `<tool_call>{"name", "arguments"}</tool_call>`.
 
 As vLLM's Hermes2ProToolParser: content is the text before the first `<tool_call>` (text
-between and after calls is dropped), arguments are re-serialised with json.dumps. A last
-call without `</tool_call>` counts once the output is final and its JSON is complete.
-A call whose JSON is malformed or lacks name/arguments is dropped (vLLM would return the
-whole output as content; a replayable stream cannot take back what it already sent).
-Unlike vLLM's regex, a `</tool_call>` inside a JSON string of the call does not end it: the call is
-parsed whole, so the stream (which sent its arguments as they came) and the whole reply agree.
+between and after calls is dropped), arguments are re-serialised with json.dumps.
+
+A non-streamed reply's closed calls are vLLM's `extract_tool_calls` (`whole`): a call ends at the first
+`</tool_call>`, even one inside a JSON string, and if one is not a JSON object with `name` and `arguments`,
+there are no calls and the whole text is content. A last call without `</tool_call>` (cut by max_tokens)
+counts once the output is final and its JSON is complete, else it is dropped and not content (vLLM: the
+whole text as content, even for complete JSON, as its json.loads reads a cut end tag too).
+
+A stream (`scan` / `progress`) cannot take back what it sent: a call whose JSON is malformed or lacks
+name/arguments is dropped, and a `</tool_call>` inside a JSON string of the call does not end it (vLLM's
+stream sends the arguments cut at that tag).
 """
 
 from __future__ import annotations
@@ -94,6 +99,26 @@ class HermesFormat:
         content = content_before(text, text.find(START), final, (START,))
         calls = [call_from_json(body) for body in tagged_regions(text, START, END, final, json_bodies=True)]
         return Scan(content, [call for call in calls if call is not None])
+
+    def whole(self, text: str, tools: list | None) -> Scan:
+        """vLLM's extract_tool_calls for the closed calls: each ends at the first `</tool_call>` (its regex's
+        region, even inside a JSON string), and one that is not `{"name", "arguments"}` JSON spoils them all:
+        no calls, the whole text as content. A last call left open (cut by max_tokens) is `scan`'s."""
+        first = text.find(START)
+        if first < 0:
+            return Scan(content=text)
+        calls, pos = [], first
+        while (start := text.find(START, pos)) >= 0:
+            end = text.find(END, start + len(START))
+            if end < 0:
+                calls += self.scan(text[start:], True, tools).calls
+                break
+            call = call_from_json(text[start + len(START):end])
+            if call is None:
+                return Scan(content=text)
+            calls.append(call)
+            pos = end + len(END)
+        return Scan(text[:first], calls)
 
     def progress(self, text: str, final: bool, tools: list | None, memo: dict | None = None) -> list[CallProgress]:
         """Each `<tool_call>` region with a known name: closed ones parsed (as `scan`), the open one's

@@ -52,6 +52,10 @@ class ToolFormat(Protocol):
     # its arguments so far beside its name, as vLLM's serving layer sends a forced call.
     # def progress(self, text: str, final: bool, tools: list | None, memo: dict | None) -> list[CallProgress]: ...
 
+    # Optional: a non-streamed reply's scan where vLLM's non-streaming parser reads a text otherwise than its
+    # stream (hermes: vLLM's regex regions, and any bad call gives no calls and the whole text as content).
+    # def whole(self, text: str, tools: list | None) -> Scan: ...
+
 
 def held_back(text: str, markers: tuple[str, ...]) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of one of `markers`."""
