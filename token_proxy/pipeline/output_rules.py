@@ -13,7 +13,7 @@ Text ending in an incomplete UTF-8 character (U+FFFD) is held back; its token id
 
 `feed` runs once per stream event, that is per token: `feed_running` is `feed` for the common event (a
 plain stream's started choice going on), for the stream's chunk template (pipeline/stream_frames.py). Both
-run one core, `_advance` (every state change an event makes; `_release` decides the text that can go out);
+run one core, `_advance` (every state change an event makes, the text that can go out included);
 `feed` adds the choice's start and finish around it.
 """
 
@@ -207,7 +207,7 @@ class OutputRules:
         None when there is nothing to send yet: cached tokens and the weight version from meta_info; the new
         ids and logprobs (a cumulative stream's events repeat what was seen) counted; the text taken (an
         incremental one compacted, see _COMPACT_AT); a proxy stop id cut (it sets `finish`); the text that
-        can be released (`_release`); the weight version's span. `_feed` adds the choice's start and finish."""
+        can be released; the weight version's span. `_feed` adds the choice's start and finish."""
         cached = meta.get("cached_tokens")
         if cached:
             self.cached_tokens = cached
@@ -238,32 +238,26 @@ class OutputRules:
         if self._stop_ids:
             ids, logprobs, top, finish = self._cut_at_stop_id(state, ids, logprobs, top, finish)
             new_tokens = len(ids)
-        text = self._release(state, finish)
-        if text is None:
-            if not ids and finish is None:
-                return None
+        # The text that can go out now: at the finish, the final text; before it, what cannot be a stop
+        # string's start nor an incomplete character.
+        text, sent = state.text, state.sent_chars
+        if finish is not None:
+            end = len(self._final_text(state, finish))
+        else:
+            end = max(len(text) - self._holdback, sent) if self._holdback else len(text)
+            while end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits for its end
+                end -= 1
+        if end > sent:
+            state.sent_chars = end
+            text = text[sent:end]
+        elif ids or finish is not None:
             text = ""
+        else:
+            return None
         if version is not None and new_tokens and version != state.version:
             state.version = version
             self._versions.track(index, version, state.ids_seen - new_tokens)
         return text, ids, logprobs, top, finish
-
-    def _release(self, state: _Choice, finish) -> str | None:
-        """The choice's text that can go out now (None: none yet): at the finish, the final text; before it,
-        what cannot be a stop string's start nor an incomplete character."""
-        text, sent = state.text, state.sent_chars
-        if finish is not None:
-            end = len(self._final_text(state, finish))
-        elif self._holdback:
-            end = max(len(text) - self._holdback, sent)
-        else:
-            end = len(text)
-        while finish is None and end > sent and text[end - 1] == REPLACEMENT:  # an incomplete character waits
-            end -= 1
-        if end <= sent:
-            return None
-        state.sent_chars = end
-        return text[sent:end]
 
     def _final_text(self, state: _Choice, finish: dict) -> str:
         """Incremental streams may still end in the stop string; vLLM trims it unless asked not to."""
