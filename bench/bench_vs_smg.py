@@ -162,7 +162,7 @@ async def run_rounds(args, fronts: list[Front], token_ids) -> dict:
     return cells
 
 
-def table(cells: dict, rounds: int, names: list[str]) -> str:
+def table(cells: dict, rounds: int, names: tuple[str, ...] | list[str] = ("proxy", "smg")) -> str:
     med = statistics.median
     lines = ["| path | stream | front | front CPU per request ms | c=1 p50 ms | c=64 req/s | token ids out |",
              "|---|---|---|---|---|---|---|"]

@@ -69,3 +69,16 @@ def test_broken_framing_is_refused_by_both(raw, message):
         ResponseFramer().feed(raw)
     with pytest.raises(FramingError):
         H11Framer().feed(raw)
+
+
+@pytest.mark.parametrize(("head", "close"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", False),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n", True),
+    (b"HTTP/1.1 200 OK\r\nconnection: Keep-Alive, Close\r\nContent-Length: 2\r\n\r\n", True),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n", True),
+    (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n", False),
+])
+def test_close_says_whether_the_connection_can_carry_another_request(head, close):
+    """The kept-alive pool (sglang/pool.py) reuses a connection only when the answer did not announce its close."""
+    framer = ResponseFramer()
+    assert (framer.feed(head + b"ok"), framer.done, framer.close) == (b"ok", True, close)
