@@ -215,15 +215,17 @@ def forwarder(row: Forward):
         if row.push:
             return await push_bucket(plane, request, row, bodies, urls, body)
         path = request.path_qs if request.query_string else row.path
+        method = "GET" if request.method == "HEAD" else request.method  # SGLang's routes take no HEAD
         def call():
-            return plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+            return plane.fan_out(method, path, bodies, timeout_of(plane, row.timeout), urls)
 
         replies = await (weight_session.bracketed(plane, urls, call, row.path) if row.session else call())
         if row.prepare in (disk_bodies, tensor_bodies):  # SGLang 0.5.22+: updated, flush refused
             replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
         if row.after:
             row.after(plane, body, replies)
-        return sglang_reply(row.path, replies)
+        reply = sglang_reply(row.path, replies)
+        return web.Response(status=reply.status, headers=reply.headers) if request.method == "HEAD" else reply
 
     return forward
 
@@ -278,12 +280,17 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))
-    async with client.open(request.method, request.path_qs, body or None, upstream_headers(request.headers.items())) as upstream:
+    method = _upstream_method(request)
+    async with ctx.requests.gate.through(), client.open(method, request.path_qs, body or None,
+                                                        upstream_headers(request.headers.items())) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()
             if raw.strip() in (b"", b'{"detail":"Not Found"}'):
                 raise NotFound(f"The route {request.path} does not exist")
             return web.Response(status=404, body=raw, headers=_kept(upstream.headers))
+        if method != request.method:  # HEAD, answered as SGLang's GET without its body
+            await upstream.read()
+            return web.Response(status=upstream.status, reason=upstream.reason, headers=_kept(upstream.headers))
         response = request[PASSED_THROUGH] = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                                                 headers=_kept(upstream.headers))
         await response.prepare(request)
@@ -292,6 +299,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         if row is not None and row.weight_update and upstream.status < 300 and ADMIN in request.app:
             request.app[ADMIN].record_version(None)  # /update_weights_from_tensor: its after-hooks run
         return response
+
+
+def _upstream_method(request: web.Request) -> str:
+    row = route_of(request.app, request.path)
+    return "GET" if request.method == "HEAD" and row is not None and "GET" in row.methods else request.method
 
 
 async def _relay(upstream, response: web.StreamResponse) -> None:
