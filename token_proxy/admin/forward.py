@@ -129,6 +129,8 @@ async def push_bucket(plane: AdminPlane, request: web.Request, row: Forward, bod
     replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
     if all(r.ok for r in replies):
         note_step(plane, body, replies)
+        if labels.UPDATE in request.app:  # every worker took it: a /finish_weight_update may label it
+            request.app[labels.UPDATE].start(plane)
         return sglang_reply(row.path, replies)
     try:
         async with plane.transaction():

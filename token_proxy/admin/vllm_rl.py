@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -51,7 +51,7 @@ from token_proxy import checks as check
 from token_proxy.admin import fleet
 from token_proxy.admin import memory as memory_ops
 from token_proxy.admin.flush import flush_or_owe, pending, read_pending
-from token_proxy.admin.labels import OpenUpdate
+from token_proxy.admin.labels import add_label_state
 from token_proxy.admin.memory import MEMORY, Memory, add_memory_state, wait_idle
 from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import InvalidRequest
@@ -83,7 +83,6 @@ class NotImplementedBySGLang(WorkerFailed):
 class VllmRlState:
     asleep: bool = False  # /sleep paused the fleet; /wake_up resumes it once everything is back
     last_meta: dict | None = None  # the names / dtypes / shapes of the last update (vLLM reuses them)
-    update: OpenUpdate = field(default_factory=OpenUpdate)  # start .. finish (labels.py: no label without weights)
 
 
 VLLM_RL: web.AppKey[VllmRlState] = web.AppKey("vllm_rl", VllmRlState)
@@ -301,4 +300,5 @@ def add_vllm_rl_state(app: web.Application) -> None:
     /update_weights are admin/prime_rl.py's, both dialects)."""
     app[VLLM_RL] = VllmRlState()
     add_memory_state(app)
+    add_label_state(app)
 
