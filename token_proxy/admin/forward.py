@@ -66,6 +66,15 @@ async def destroy_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list
     return [body] * len(urls)
 
 
+async def weight_read_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """SGLang's GetWeightsByNameReqInput: name a string, truncate_size an integer (checked here: no worker
+    sees a body it cannot read)."""
+    check.text(body.get("name"), "name")
+    if body.get("truncate_size") is not None:
+        check.integer(body["truncate_size"], "truncate_size", 0)
+    return [body] * len(urls)
+
+
 async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     check.tensor_specs(body)
     return await safe_flush(plane, [body] * len(urls), urls)
@@ -189,7 +198,7 @@ FORWARDS = {row.path: row for row in (
     Forward("/continue_generation", "admin_timeout_s", after=note_continue),
     Forward("/flush_cache", "admin_timeout_s"),
     # /release_memory_occupation and /resume_memory_occupation: guarded in admin/memory.py.
-    Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False),
+    Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False, prepare=weight_read_bodies),
     Forward("/model_info", "short", fan_out=False),
     Forward("/get_model_info", "short", fan_out=False),
     Forward("/server_info", "short", fan_out=False),
