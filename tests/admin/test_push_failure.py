@@ -287,7 +287,11 @@ async def test_a_finish_after_a_rolled_back_push_relabels_nothing(fleet2, fake_g
     assert status == 503 and "rolled back to version default" in body["error"]["message"]
     status, finish = await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "2"})
     assert (status, finish["error"]["type"]) == (409, "ConflictError")
-    assert finish["error"]["message"].startswith("finish_weight_update called without a matching start_weight_update")
+    # bucket 1 had opened the update (SGLang's own push opens it); bucket 2's failure closed it
+    assert finish["error"]["message"].startswith("finish_weight_update: the weight update failed (")
+    status, finish = await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "2"})
+    assert status == 409 and finish["error"]["message"].startswith(
+        "finish_weight_update called without a matching start_weight_update")  # closed for good
     status, label = await call(proxy, "POST", "/update_weight_version", json={"new_version": "2"})
     assert status == 409 and label["error"]["message"].startswith(
         "update_weight_version: the last weight push failed (")
