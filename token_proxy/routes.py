@@ -203,17 +203,18 @@ def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
 
 def add_rows(app: web.Application, rows, handler: Handler | None = None) -> None:
     """Register the rows and list each in the app's table (http_io.ROUTE_TABLE). Every row answers only
-    its methods (and HEAD where it has GET and the proxy serves it); any other is a 405 with Allow, never the pass-through (an
+    its methods (and HEAD where it has GET); any other is a 405 with Allow, never the pass-through (an
     open row such as /ping would otherwise take any method to SGLang without a key). A row with no
     handler is SGLang's: its methods go to the pass-through. `handler`: answers every row in place of
-    its own (a --workers process forwards the OWNER rows to the owner)."""
+    its own (a --workers process forwards the OWNER rows to the owner). HEAD is answered wherever GET is: the
+    pass-through sends SGLang a GET (its FastAPI routes take no HEAD) and answers without the body."""
     table = app.get(ROUTE_TABLE)
     if table is None:
         table = app[ROUTE_TABLE] = {}
     for route in rows:
         table[route.path] = route
         answer = handler or route.handler or passthrough
-        methods = route.methods + (("HEAD",) if "GET" in route.methods and route.served else ())
+        methods = route.methods + (("HEAD",) if "GET" in route.methods else ())
         for method in methods:
             app.router.add_route(method, route.path, answer)
         app.router.add_route("*", route.path, method_not_allowed(methods))

@@ -287,7 +287,11 @@ async def test_a_finish_after_a_rolled_back_push_relabels_nothing(fleet2, fake_g
     assert status == 503 and "rolled back to version default" in body["error"]["message"]
     status, finish = await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "2"})
     assert (status, finish["error"]["type"]) == (409, "ConflictError")
-    assert finish["error"]["message"].startswith("finish_weight_update called without a matching start_weight_update")
+    # bucket 1 had opened the update (SGLang's own push opens it); bucket 2's failure closed it
+    assert finish["error"]["message"].startswith("finish_weight_update: the weight update failed (")
+    status, finish = await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "2"})
+    assert status == 409 and finish["error"]["message"].startswith(
+        "finish_weight_update called without a matching start_weight_update")  # closed for good
     status, label = await call(proxy, "POST", "/update_weight_version", json={"new_version": "2"})
     assert status == 409 and label["error"]["message"].startswith(
         "update_weight_version: the last weight push failed (")
@@ -317,3 +321,15 @@ async def test_a_finish_of_an_update_whose_push_failed_is_a_409_until_a_new_one_
         200, {"message": "Weight update finished"})
     assert [s.app[SIM_STATE].weight_version for s in (a, b)] == ["5", "5"]
     assert (await call(proxy, "POST", "/update_weight_version", json={"new_version": "5b"}))[0] == 200
+
+
+async def test_a_finish_after_sglangs_own_push_labels_it(fleet2, fake_group):
+    """token_proxy.broadcast's drop-in (vLLM's engine.send_weights, then client.finish_weight_update) pushes
+    through SGLang's own route: its buckets open the update, so the finish labels them."""
+    proxy, (a, b) = fleet2
+    assert await call(proxy, "POST", "/init_broadcaster", json=INIT) == (200, {"status": "ok"})
+    for bucket in BUCKETS:
+        assert (await call(proxy, "POST", "/update_weights_from_distributed", json=bucket))[0] == 200
+    assert await call(proxy, "POST", "/finish_weight_update", json={"weight_version": "step-12"}) == (
+        200, {"message": "Weight update finished"})
+    assert [s.app[SIM_STATE].weight_version for s in (a, b)] == ["step-12", "step-12"]

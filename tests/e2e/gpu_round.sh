@@ -12,7 +12,7 @@
 #                                tiktoken and regex (the tokenizer's tiktoken twin; without them the proxy encodes with tokenizers)
 # SGLang is started once per server kind and kept between calls on a warm machine (setsid):
 #   e2e           LoRA-enabled server: tests/e2e (LoRA by adapter name through the proxy, tools, weights)
-#   sleep         memory-saver server: tests/e2e/test_live_sleep.py
+#   sleep         memory-saver server: tests/e2e/test_live_sleep.py, test_live_memory_guards.py
 #   bench-*       plain server (no LoRA kernels): bench/bench_ceiling.py, every point saved as it ends;
 #                 BENCH_ARGS adds its flags, e.g. BENCH_ARGS="--pin sglang=0-5 --pin proxy=6-9 --pin clients=10-15"
 #   bench NAME [SECONDS] -- ARGS...   plain server: bench/bench_ceiling.py ARGS (--sglang given), rows to
@@ -75,8 +75,9 @@ log "sglang ($kind) up"
 export PYTHONPATH=$PWD:/tmp/site:/tmp/sglang-site
 case "$mode" in
   e2e|sleep)
-    what=tests/e2e; [ "$mode" = sleep ] && what=tests/e2e/test_live_sleep.py
-    SGLANG_URL=http://127.0.0.1:30000 timeout 480 python3 -m pytest -q "$what" -m gpu -p no:cacheprovider -rs 2>&1 \
+    what=tests/e2e; [ "$mode" = sleep ] && what="tests/e2e/test_live_sleep.py tests/e2e/test_live_memory_guards.py"
+    # shellcheck disable=SC2086
+    SGLANG_URL=http://127.0.0.1:30000 timeout 480 python3 -m pytest -q $what -m gpu -p no:cacheprovider -rs 2>&1 \
       | tee "$OUT/$mode.log" | tail -40 ;;
   bridge)
     PRIMERL_SRC=$PWD/.gpu/primerl VLLM_SRC=$PWD/.gpu/vllm033 E2E_TRAINER_GPU=${E2E_TRAINER_GPU:-} \

@@ -72,14 +72,14 @@ def test_a_worker_forwards_exactly_the_owner_rows():
     add_serving_plane(app)
     forwarded = {(route.method, route.resource.canonical) for route in app.router.routes()
                  if route.handler is forward_to_owner and isinstance(route.resource, web.PlainResource)}
-    # every OWNER row, SGLang's own listed ones too, for its methods (and HEAD with a served GET); else a 405
+    # every OWNER row, SGLang's own listed ones too, for its methods (and HEAD with a GET); else a 405
     assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER
-                         for method in route.methods + (("HEAD",) if "GET" in route.methods and route.served else ())}
+                         for method in route.methods + (("HEAD",) if "GET" in route.methods else ())}
     assert ("POST", "/update_weights") in forwarded and ("POST", "/v1/completions") not in forwarded
 
 
-WRONG_METHODS = [("POST", "/ping", "GET"), ("DELETE", "/liveness", "GET, HEAD"),
-                 ("PUT", "/health_generate", "GET"), ("POST", "/model_info", "GET, HEAD"),
+WRONG_METHODS = [("POST", "/ping", "GET, HEAD"), ("DELETE", "/liveness", "GET, HEAD"),
+                 ("PUT", "/health_generate", "GET, HEAD"), ("POST", "/model_info", "GET, HEAD"),
                  ("GET", "/update_weights_from_tensor", "POST"), ("GET", "/pause", "POST"),
                  ("DELETE", "/flush_cache", "GET, POST, HEAD"), ("POST", "/health", "GET, HEAD")]
 
@@ -98,6 +98,18 @@ async def test_a_rows_own_methods_still_reach_sglang(proxy):
     for method, path in (("GET", "/ping"), ("GET", "/health_generate"), ("GET", "/liveness"), ("HEAD", "/liveness")):
         resp = await proxy.request(method, path)
         assert resp.status == 200, (method, path, await resp.text())
+
+
+@pytest.mark.parametrize("path", ["/ping", "/health_generate", "/model_info", "/health", "/v1/models", "/version",
+                                  "/liveness", "/get_load"])
+async def test_head_is_answered_wherever_get_is(proxy, path):
+    """Issue 41.9: HEAD /ping was a 405 (SGLang's FastAPI route takes GET only): the pass-through sends it
+    SGLang's GET and answers with the status and headers, no body."""
+    got = await proxy.get(path)
+    head = await proxy.head(path)
+    assert (head.status, got.status) == (200, 200)
+    assert await head.read() == b""
+    assert head.headers.get("Content-Type", "").split(";")[0] == got.headers.get("Content-Type", "").split(";")[0]
 
 
 def test_openapi_sampling_ranges_are_the_parsers():

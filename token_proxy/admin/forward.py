@@ -68,6 +68,15 @@ async def destroy_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list
     return [body] * len(urls)
 
 
+async def weight_read_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
+    """SGLang's GetWeightsByNameReqInput: name a string, truncate_size an integer (checked here: no worker
+    sees a body it cannot read)."""
+    check.text(body.get("name"), "name")
+    if body.get("truncate_size") is not None:
+        check.integer(body["truncate_size"], "truncate_size", 0)
+    return [body] * len(urls)
+
+
 async def tensor_bodies(plane: AdminPlane, body: dict, urls: list[str]) -> list[dict]:
     check.tensor_specs(body)
     return await safe_flush(plane, [body] * len(urls), urls)
@@ -131,6 +140,8 @@ async def push_bucket(plane: AdminPlane, request: web.Request, row: Forward, bod
     replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
     if all(r.ok for r in replies):
         note_step(plane, body, replies)
+        if labels.UPDATE in request.app:  # every worker took it: a /finish_weight_update may label it
+            request.app[labels.UPDATE].start(plane)
         return sglang_reply(row.path, replies)
     try:
         async with plane.transaction():
@@ -189,7 +200,7 @@ FORWARDS = {row.path: row for row in (
     Forward("/continue_generation", "admin_timeout_s", after=note_continue),
     Forward("/flush_cache", "admin_timeout_s"),
     # /release_memory_occupation and /resume_memory_occupation: guarded in admin/memory.py.
-    Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False),
+    Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False, prepare=weight_read_bodies),
     Forward("/model_info", "short", fan_out=False),
     Forward("/get_model_info", "short", fan_out=False),
     Forward("/server_info", "short", fan_out=False),
@@ -217,15 +228,17 @@ def forwarder(row: Forward):
         if row.push:
             return await push_bucket(plane, request, row, bodies, urls, body)
         path = request.path_qs if request.query_string else row.path
+        method = "GET" if request.method == "HEAD" else request.method  # SGLang's routes take no HEAD
         def call():
-            return plane.fan_out(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+            return plane.fan_out(method, path, bodies, timeout_of(plane, row.timeout), urls)
 
         replies = await (weight_session.bracketed(plane, urls, call, row.path) if row.session else call())
         if row.prepare in (disk_bodies, tensor_bodies):  # SGLang 0.5.22+: updated, flush refused
             replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
         if row.after:
             row.after(plane, body, replies)
-        return sglang_reply(row.path, replies)
+        reply = sglang_reply(row.path, replies)
+        return web.Response(status=reply.status, headers=reply.headers) if request.method == "HEAD" else reply
 
     return forward
 
@@ -280,12 +293,17 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if body and native.needs_check(request.path):  # ids and sampling_params that would harm SGLang
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))
-    async with client.open(request.method, request.path_qs, body or None, upstream_headers(request.headers.items())) as upstream:
+    method = _upstream_method(request)
+    async with ctx.requests.gate.through(), client.open(method, request.path_qs, body or None,
+                                                        upstream_headers(request.headers.items())) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()
             if raw.strip() in (b"", b'{"detail":"Not Found"}'):
                 raise NotFound(f"The route {request.path} does not exist")
             return web.Response(status=404, body=raw, headers=_kept(upstream.headers))
+        if method != request.method:  # HEAD, answered as SGLang's GET without its body
+            await upstream.read()
+            return web.Response(status=upstream.status, reason=upstream.reason, headers=_kept(upstream.headers))
         response = request[PASSED_THROUGH] = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                                                 headers=_kept(upstream.headers))
         await response.prepare(request)
@@ -294,6 +312,11 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         if row is not None and row.weight_update and upstream.status < 300 and ADMIN in request.app:
             request.app[ADMIN].record_version(None)  # /update_weights_from_tensor: its after-hooks run
         return response
+
+
+def _upstream_method(request: web.Request) -> str:
+    row = route_of(request.app, request.path)
+    return "GET" if request.method == "HEAD" and row is not None and "GET" in row.methods else request.method
 
 
 async def _relay(upstream, response: web.StreamResponse) -> None:

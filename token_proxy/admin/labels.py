@@ -5,7 +5,9 @@ vLLM 0.33's worker (v1/worker/gpu_worker.py) refuses a finish that no start open
 called without a matching start_weight_update.") and closes the update when a receive fails; its API server
 answers that RuntimeError with a 500 (an Exception from the engine's utility call). Here it is a 409: the
 client's order is wrong, not the server. An update is open from /start_weight_update (or a receive that
-reached every worker) until its finish; a push that failed since closes it. A label-only route
+reached every worker: vLLM's /update_weights, SkyRL's, or a bucket of SGLang's own
+/update_weights_from_distributed, as token_proxy.broadcast sends) until its finish; a push that failed since
+closes it. A label-only route
 (/update_weight_version) is refused while the last push failed and no weights were loaded since: the
 workers hold the rolled-back (or partial) weights, which the label would misname.
 """
@@ -13,6 +15,8 @@ workers hold the rolled-back (or partial) weights, which the label would misname
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from aiohttp import web
 
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.plane import AdminPlane, StepResult
@@ -41,6 +45,13 @@ class OpenUpdate:
 
     def finish(self) -> None:
         self.open, self.since = False, None
+
+
+UPDATE: web.AppKey[OpenUpdate] = web.AppKey("open_update", OpenUpdate)
+
+
+def add_label_state(app: web.Application) -> None:
+    app[UPDATE] = OpenUpdate()
 
 
 def refuse_label_after_failed_push(plane: AdminPlane, action: str) -> None:

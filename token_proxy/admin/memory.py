@@ -27,7 +27,9 @@ from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import pending, read_pending
 from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.http_io import parse_json_object
+from token_proxy.sglang.in_flight import Gate
 from token_proxy.sglang.workers import raise_for_failures
+from token_proxy.state import CONTEXT
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +58,27 @@ def checked_tags(body: dict) -> list[str]:
     return list(dict.fromkeys(tags))
 
 
-async def release(plane: AdminPlane, memory: Memory, urls: list[str], tags: list[str], action: str) -> None:
+async def release(plane: AdminPlane, memory: Memory, gate: Gate, urls: list[str], tags: list[str],
+                  action: str) -> None:
     """The caller holds the plane's transaction. Refused unless every worker is idle (drained first when the
-    fleet is paused through the proxy) and none of `tags` is released already."""
+    fleet is paused through the proxy) and none of `tags` is released already. From the idle check to
+    SGLang's answer the proxy's gate holds new generations back, so none can reach SGLang in between."""
     again = [tag for tag in tags if tag in memory.released]
     if again:
         raise fleet.Conflict(f"{action}: {', '.join(again)} released already; resume it first (POST "
                              "/resume_memory_occupation or /wake_up): SGLang would stash the freed weights over the "
                              "ones it kept")
-    if plane.paused:
-        await wait_idle(plane, urls, plane.settings.admin_timeout_s, action)
-    else:
-        busy = await busy_workers(plane, urls)
-        if busy:
-            raise fleet.Conflict(f"{action}: requests are running on {', '.join(busy)}, and SGLang's "
-                                 "release_memory_occupation asserts an idle scheduler (the server dies). Pause first "
-                                 "(POST /pause?mode=wait, or /pause_generation), or use POST /sleep")
-    replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": tags},
-                                  plane.settings.weight_update_timeout_s, urls)
+    async with gate.closed():
+        if plane.paused:
+            await wait_idle(plane, urls, plane.settings.admin_timeout_s, action, gate)
+        else:
+            busy = await busy_workers(plane, urls, gate)
+            if busy:
+                raise fleet.Conflict(f"{action}: requests are running on {', '.join(busy)}, and SGLang's "
+                                     "release_memory_occupation asserts an idle scheduler (the server dies). Pause "
+                                     "first (POST /pause?mode=wait, or /pause_generation), or use POST /sleep")
+        replies = await plane.fan_out("POST", "/release_memory_occupation", {"tags": tags},
+                                      plane.settings.weight_update_timeout_s, urls)
     done = [r.url for r in replies if r.ok]
     if len(done) < len(replies) and done:  # all or none: the record is one set for the fleet
         undo = await plane.fan_out("POST", "/resume_memory_occupation", {"tags": tags},
@@ -100,15 +105,20 @@ async def resume(plane: AdminPlane, memory: Memory, urls: list[str], tags: list[
     raise_for_failures(action, replies)
 
 
-async def busy_workers(plane: AdminPlane, urls: list[str]) -> list[str]:
-    return [r.url for r in await read_pending(plane, urls, fleet.READ_TIMEOUT_S) if pending(r) != 0]
+async def busy_workers(plane: AdminPlane, urls: list[str], gate: Gate | None = None) -> list[str]:
+    """The workers running or queueing a request (/v1/loads); with `gate`, the proxy itself while a
+    generation it let through has not been answered (it may not be in SGLang's load yet)."""
+    busy = [r.url for r in await read_pending(plane, urls, fleet.READ_TIMEOUT_S) if pending(r) != 0]
+    if gate is not None and gate.passing:
+        busy.append(f"the proxy ({gate.passing} generation(s) on their way)")
+    return busy
 
 
-async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str) -> None:
+async def wait_idle(plane: AdminPlane, urls: list[str], timeout_s: float, action: str, gate: Gate | None = None) -> None:
     """Until no worker runs or queues a request (/v1/loads), or 504."""
     deadline = time.monotonic() + timeout_s
     while True:
-        busy = await busy_workers(plane, urls)
+        busy = await busy_workers(plane, urls, gate)
         if not busy:
             return
         if time.monotonic() >= deadline:
@@ -132,7 +142,11 @@ async def _forwarded(request: web.Request, call, action: str) -> web.Response:
     raw = await request.read()
     tags = checked_tags(parse_json_object(raw) if raw.strip() else {})
     async with plane.transaction():
-        await call(plane, request.app[MEMORY], await plane.worker_urls(), tags, action)
+        if call is release:
+            await release(plane, request.app[MEMORY], request.app[CONTEXT].requests.gate, await plane.worker_urls(),
+                          tags, action)
+        else:
+            await resume(plane, request.app[MEMORY], await plane.worker_urls(), tags, action)
     return web.Response(body=b"null", content_type="application/json")
 
 

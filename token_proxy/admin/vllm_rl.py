@@ -43,13 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from token_proxy import checks as check
 from token_proxy.admin import memory as memory_ops
-from token_proxy.admin.labels import OpenUpdate
+from token_proxy.admin.labels import add_label_state
 from token_proxy.admin.memory import MEMORY, Memory, add_memory_state, wait_idle
 from token_proxy.errors import InvalidRequest
 from token_proxy.fleet import transaction as fleet
@@ -83,7 +83,6 @@ class NotImplementedBySGLang(WorkerFailed):
 class VllmRlState:
     asleep: bool = False  # /sleep paused the fleet; /wake_up resumes it once everything is back
     last_meta: dict | None = None  # the names / dtypes / shapes of the last update (vLLM reuses them)
-    update: OpenUpdate = field(default_factory=OpenUpdate)  # start .. finish (labels.py: no label without weights)
 
 
 VLLM_RL: web.AppKey[VllmRlState] = web.AppKey("vllm_rl", VllmRlState)
@@ -182,7 +181,7 @@ async def sleep(request: web.Request) -> web.Response:
         state.asleep = True
         if level >= 1:
             await wait_idle(plane, urls, plane.settings.admin_timeout_s, "sleep")
-            await _release(plane, request.app[MEMORY], urls, list(SLEEP_TAGS), "sleep")
+            await _release(request, urls, list(SLEEP_TAGS), "sleep")
     return json_response({"status": "sleeping", "level": level})
 
 
@@ -200,7 +199,7 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
     if busy:
         raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first: requests are still "
                              f"held on {', '.join(busy)} (SGLang releases memory only when idle)")
-    await _release(plane, memory, urls, ["kv_cache"], "release_kv_cache_memory")
+    await _release(request, urls, ["kv_cache"], "release_kv_cache_memory")
     return json_response({"status": "kv_cache_released"})
 
 
@@ -254,12 +253,14 @@ async def _check_can_release(plane: AdminPlane, urls: list[str], mode: str, need
                 "--enable-weights-cpu-backup (SGLang would discard them, which is level 2)")
 
 
-async def _release(plane: AdminPlane, memory: Memory, urls: list[str], tags: list[str], action: str) -> None:
+async def _release(request: web.Request, urls: list[str], tags: list[str], action: str) -> None:
     """Only what is still resident: SGLang would pause a released region again (and stash freed weights), where
     vLLM's executor makes a second sleep a no-op."""
+    memory = request.app[MEMORY]
     natives = [native for tag in tags for native in SLEEP_TAGS[tag] if native not in memory.released]
     if natives:
-        await memory_ops.release(plane, memory, urls, natives, action)
+        await memory_ops.release(request.app[ADMIN], memory, request.app[CONTEXT].requests.gate, urls, natives,
+                                 action)
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
@@ -299,4 +300,5 @@ def add_vllm_rl_state(app: web.Application) -> None:
     /update_weights are admin/prime_rl.py's, both dialects)."""
     app[VLLM_RL] = VllmRlState()
     add_memory_state(app)
+    add_label_state(app)
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from token_proxy import checks as check
 from token_proxy.admin import bridge_mode
 from token_proxy.admin.forward import group_bodies, note_group, note_group_gone
-from token_proxy.admin.labels import OpenUpdate
+from token_proxy.admin.labels import UPDATE, OpenUpdate
 from token_proxy.admin.vllm_rl import VLLM_RL, NotImplementedBySGLang, VllmRlState, require_group
 from token_proxy.errors import InvalidRequest
 from token_proxy.fleet import transaction as fleet
@@ -79,7 +79,7 @@ async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
 
 async def start_weight_update(request: web.Request) -> web.Response:
     require_group(request.app[ADMIN], "start_weight_update")
-    request.app[VLLM_RL].update.start(request.app[ADMIN])
+    request.app[UPDATE].start(request.app[ADMIN])
     return json_response({"message": "Weight update started"})
 
 
@@ -103,7 +103,7 @@ async def update_weights(request: web.Request, body: dict) -> web.Response:
     async with plane.transaction():
         for meta in metas:
             await receive(plane, meta, "update_weights")
-    state.update.start(plane)  # every worker took it: a finish may label it (labels.py)
+    request.app[UPDATE].start(plane)  # every worker took it: a finish may label it (labels.py)
     return json_response({"message": "Weights updated"})
 
 
@@ -159,7 +159,7 @@ async def finish_weight_update(request: web.Request) -> web.Response:
     if version is not None and not isinstance(version, str):
         raise InvalidRequest(f"weight_version must be a string, got {version!r}", param="weight_version")
     async with plane.transaction():
-        await finish(plane, request.app[VLLM_RL].update, version, "finish_weight_update")
+        await finish(plane, request.app[UPDATE], version, "finish_weight_update")
     return json_response({"message": "Weight update finished"})
 
 
@@ -265,7 +265,7 @@ async def collective_rpc(request: web.Request) -> web.Response:
     if method not in SKYRL_RPC:
         raise NotImplementedBySGLang(f"collective_rpc {method!r}: SGLang has no collective_rpc (it runs no vLLM "
                                      f"worker extension); only {', '.join(SKYRL_RPC)} are mapped")
-    update = request.app[VLLM_RL].update
+    update = request.app[UPDATE]
     if method == "skyrl_start_weight_update":
         require_group(plane, method)
         update.start(plane)

@@ -25,7 +25,7 @@ async def generate_whole(ctx: Upstream, call: SGLangRequest, rules: OutputRules,
                          stats: RequestStats) -> list[Output]:
     """A non-streaming /generate call -> one finished Output per choice (what the call allows, a lost
     adapter re-loaded or a reply on stale weights sent again, rides on `call`: sglang/retry_rules.py)."""
-    async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
+    async with ctx.requests.gate.through(), aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         stats.mark_sent()
         items = await ctx.client.generate(call)
     stats.mark_first_token()
@@ -39,7 +39,8 @@ async def generate_streamed(request: web.Request, ctx: Upstream, call: SGLangReq
                             formatter, stats: RequestStats) -> web.StreamResponse:
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
     The first event's weight version is checked (`call.check`) before any byte reaches the client."""
-    async with aborting_on_exit(ctx, call.rids, stats.mark_client_gone), contextlib.AsyncExitStack() as stack:
+    async with ctx.requests.gate.through(), aborting_on_exit(ctx, call.rids, stats.mark_client_gone), \
+            contextlib.AsyncExitStack() as stack:
         stats.mark_sent()
         stream, first = await ctx.client.start_stream(call)
         stack.push_async_callback(stream.aclose)

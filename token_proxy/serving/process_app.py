@@ -15,6 +15,7 @@ from aiohttp import web
 from token_proxy.api.chat.sessions import SESSIONS
 from token_proxy.errors import BackendUnavailable, NotFound
 from token_proxy.fleet.versions import register_reply_check
+from token_proxy.http_io import PASSED_THROUGH
 from token_proxy.lora.registry import ADAPTERS, AdapterRegistry
 from token_proxy.lora.resolve import register_resolver
 from token_proxy.lora.sync import AdapterFollower
@@ -52,7 +53,8 @@ async def forward_to_owner(request: web.Request) -> web.StreamResponse:
     except aiohttp.ClientError as exc:
         raise BackendUnavailable(f"the proxy's admin process does not answer ({exc}); it may be stopping") from None
     async with upstream:
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        # ops/drain.py ends it at SIGTERM's deadline (an error event in a stream) once it has begun
+        response = request[PASSED_THROUGH] = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for key, value in upstream.headers.items():
             if key.lower() not in _HOP:
                 response.headers.add(key, value)
