@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+from tests.admin.conftest import fake_group  # noqa: F401 (the simulators' stand-in group)
 from tests.admin.test_fleet import state, url_of, weights_dir
+from tests.admin.test_push_failure import INIT, push
 from tests.support.admin_fixtures import until
 from token_proxy.fleet import ADMIN, FENCE
 from token_proxy.fleet.start import start_state
@@ -135,3 +137,31 @@ async def test_no_healthy_worker_is_a_prompt_503(two):
     assert (reply.status, reply.headers.get("Retry-After")) == (503, "1")
     assert time.monotonic() - started < 1.0
     assert "no healthy SGLang worker" in (await reply.json())["error"]["message"]
+
+
+@pytest.mark.usefixtures("fake_group")
+async def test_finding_3_no_worker_is_left_paused_by_a_controller_that_lost_the_fleet(two, tmp_path):
+    """Finding 3's sequence: X pushed vllm-2 over NCCL (no checkpoint holds it); both workers are reset behind
+    its back, so X fences and holds them; Y, started next, runs a disk update to 7. X used to pause both
+    workers once a second for good (its hold loop: aborted rollouts, worker A producing nothing) while Y's
+    /weight_info said `consistent: true, fenced: []`. Now X finds version 7, which it never set, stands down
+    and lets the workers go: none stays paused, and chats through Y answer on 7."""
+    make, sims = two
+    x = await make()
+    assert (await x.post("/init_broadcaster", json=INIT)).status == 200
+    assert [status for status, _ in await push(x, "vllm-2")] == [200, 200, 200]
+    assert x.app[ADMIN].loaded_path is None
+    for sim in sims:  # reset behind X's back, straight on SGLang
+        state(sim).weight_version, state(sim).paused = "default", False
+    await until(lambda: len(x.app[FENCE].fenced) == 2 and all(e.held for e in x.app[FENCE].fenced.values()), 5)
+    y = await make()
+    response = await y.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_7")})
+    assert response.status == 200, await response.text()
+    await until(lambda: x.app[ADMIN].stood_down is not None, timeout=5)
+    await asyncio.sleep(1.5)  # X's old hold loop paused every second
+    assert [(state(s).weight_version, state(s).paused) for s in sims] == [("7", False), ("7", False)]
+    info = await (await y.get("/weight_info")).json()
+    assert (info["consistent"], info["fenced"]) == (True, [])
+    for _ in range(4):
+        reply = await y.post("/v1/chat/completions", json=CHAT)
+        assert reply.status == 200, await reply.text()
