@@ -308,7 +308,7 @@ def test_the_fleet_keeps_its_invariants(shared_tokenizer, tokenizer_dir, tmp_pat
     FleetMachine.loop, FleetMachine.tokenizer_dir, FleetMachine.tmp_root = loop, tokenizer_dir, tmp_path
     try:
         run_state_machine_as_test(FleetMachine, settings=settings(
-            max_examples=4, stateful_step_count=6, deadline=None, derandomize=True,
+            max_examples=3, stateful_step_count=6, deadline=None, derandomize=True,
             suppress_health_check=list(HealthCheck)))
     finally:
         loop.close()
