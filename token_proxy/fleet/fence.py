@@ -25,7 +25,7 @@ fleet still serves the weights SGLang starts with; otherwise it is healed as abo
 The watcher stands aside while a weight update holds the fleet (transaction.py's lock), during a client's
 own weight-update session, and while a failed update holds the fleet paused. A worker on a version this
 process never set nor saw, with no restart between, was updated by another process: this one stands down
-(`stand_down`, one line) rather than undo it (two controllers would take turns forever).
+(ownership.py's `stand_down`, one line) rather than undo it (two controllers would take turns forever).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from token_proxy.errors import BackendUnavailable
 from token_proxy.fleet import router_list
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import safe_flush, settle_refusals
+from token_proxy.fleet.ownership import stand_down
 from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.fleet.versions import register_reply_check
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply
@@ -149,7 +150,7 @@ class Fence:
                 continue  # no verdict (a timeout, or an SGLang without weight versions)
             came_back = entry is not None and entry.reason.startswith(UNREACHABLE)
             if version not in accepted and version not in plane.known_versions and not came_back:
-                await self.stand_down(url, version)
+                await stand_down(self, url, version)
                 return
             if entry is None:
                 if version not in accepted:
@@ -307,31 +308,6 @@ class Fence:
         self.events[HEALED] += 1
         plane.note_change()
         log.warning("worker %s healed: back in the fleet at version %s", url, plane.version)
-
-    # ---- one controller per fleet
-
-    async def stand_down(self, url: str, version: str) -> None:
-        """A worker reports a version this process never set nor saw, with no restart between: another
-        process updates these workers' weights. Two controllers would undo each other forever, so this one
-        stops acting: one line, the workers it kept out let back in (the other owns them now), its weight
-        updates refused (409) and its data path judging no reply by its own record."""
-        plane = self.plane
-        plane.stood_down = (
-            f"another process updates these workers' weights ({url} reports weight version {version!r}, which "
-            "this proxy never set): this proxy no longer fences, heals or updates weights. Run ONE fleet "
-            "controller and start every other proxy in front of the same workers with --fleet-controller "
-            "<the controller's URL>, then restart this one")
-        log.error("%s", plane.stood_down)
-        for entry in list(self.fenced.values()):
-            with contextlib.suppress(Exception):  # best effort: the other controller owns these workers now
-                if not plane.paused:
-                    await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
-                                        [entry.url])
-                if entry.removed:
-                    await self.put_back(entry)
-        self.fenced.clear()
-        plane.fenced_urls.clear()
-        plane.note_change()
 
     # ---- sglang-router's list
 
