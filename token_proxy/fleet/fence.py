@@ -1,7 +1,8 @@
 """The fence: no rollout is served on weights other than the fleet's.
 
-A watcher (a background task of the admin plane's process) reads every worker's /model_info weight
-version every --fence-interval seconds (0.25 by default). A worker is FENCED when it
+A watcher (a background task of the controller's admin plane; a follower runs none: ownership.py) reads
+every worker's /model_info weight version every --fence-interval seconds (0.25 by default), stretched so
+the whole fleet costs at most READS_PER_S reads a second, and at once when the data path sees a stale reply. A worker is FENCED when it
 - reports a weight version other than the fleet's (and not one an update in flight is setting), e.g. a
   restarted SGLang back on "default" while the fleet serves 7; or
 - does not answer (refused or 503: it died, or is restarting): it comes back with the weights it started on.
@@ -10,18 +11,21 @@ sglang-router, taken out of the router's list (router_list.py), so nothing reach
 admin-plane worker: a weight update reaches it.
 
 It is HEALED:
-- from disk, when the fleet's weights came from a checkpoint (fleet.py's loaded_path): that checkpoint is
-  loaded on the worker with the fleet's version (/update_weights_from_disk), the version verified (and the
-  weights checksum against a healthy worker's, when the fleet's last update verified checksums);
-- over NCCL (no checkpoint holds the fleet's weights): it stays out, named in /weight_info `fenced` and
-  the token_proxy_fenced_workers gauge, until an update brings it to the fleet's version (the trainer's
-  next group init and full push reach it too);
+- from disk, only when the checkpoint that holds the fleet's version is known (the plane's loaded_path): that
+  checkpoint is loaded on the worker with the fleet's version (/update_weights_from_disk), the version
+  verified (and the weights checksum against a healthy worker's, when the fleet's last update verified
+  checksums); one this process did not load itself (read at start: start.py) is proven first (`prove`);
+- otherwise (the weights came over NCCL, or the workers disagreed at start) it is HELD: it stays out,
+  paused once (again only after a fleet /resume), named in /weight_info `fenced` and the
+  token_proxy_fenced_workers gauge, until an update brings it to the fleet's version;
 then it is let back in: continued (unless the whole fleet is paused: the fleet's /resume does it) and,
 behind sglang-router, added back.
 A worker that was only unreachable and comes back on the fleet's version is let back in at once when the
 fleet still serves the weights SGLang starts with; otherwise it is healed as above.
-The watcher stands aside while a weight update holds the fleet (fleet.py's lock), during a client's own
-weight-update session, and while a failed update holds the fleet paused.
+The watcher stands aside while a weight update holds the fleet (transaction.py's lock), during a client's
+own weight-update session, and while a failed update holds the fleet paused. A worker on a version this
+process never set nor saw, with no restart between, was updated by another process: this one stands down
+(ownership.py's `stand_down`, one line) rather than undo it (two controllers would take turns forever).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from token_proxy.errors import BackendUnavailable
 from token_proxy.fleet import router_list
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import safe_flush, settle_refusals
+from token_proxy.fleet.ownership import stand_down
 from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.fleet.versions import register_reply_check
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply
@@ -49,6 +54,7 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_S = 2.0  # a /model_info slower than this is no verdict (a busy worker is not a dead one)
 PAUSE_TIMEOUT_S = 10.0  # a worker that cannot pause in this long is out of the router's list anyway
 HEAL_RETRY_S = 1.0
+READS_PER_S = 32.0  # the idle fence's budget of /model_info reads over the whole fleet (issue 41 item 7)
 UNREACHABLE = "unreachable"
 FENCED, HEALED = "fenced", "healed"
 
@@ -82,6 +88,7 @@ class Fence:
     fenced: dict[str, Fenced] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=lambda: {FENCED: 0, HEALED: 0})
     tasks: set = field(default_factory=set)
+    poked: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ---- the watcher
 
@@ -93,7 +100,27 @@ class Fence:
                 raise
             except Exception:  # the watcher outlives any one bad read
                 log.exception("the fence's check failed")
-            await asyncio.sleep(self.interval_s)
+            await self.wait_for_next()
+
+    def period(self) -> float:
+        """Seconds between idle reads of every worker: --fence-interval, stretched so that the whole fleet
+        costs SGLang at most READS_PER_S reads a second (256 workers: every 8 s, 32 reads/s, not 1,024)."""
+        return max(self.interval_s, len(self.plane.fleet_urls) / READS_PER_S)
+
+    async def wait_for_next(self) -> None:
+        """The next read comes after period(), or at once (but never within --fence-interval of the last) when
+        the data path saw a reply on weights the fleet does not serve: a restarted worker's first reply is
+        sent again (never returned) and makes the fence read every worker, so it is fenced before it serves."""
+        await asyncio.sleep(self.interval_s)
+        if self.poked.is_set() or self.period() <= self.interval_s:
+            self.poked.clear()
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.poked.wait(), self.period() - self.interval_s)
+        self.poked.clear()
+
+    def poke(self) -> None:
+        self.poked.set()
 
     def standing_aside(self) -> bool:
         plane = self.plane
@@ -123,7 +150,7 @@ class Fence:
                 continue  # no verdict (a timeout, or an SGLang without weight versions)
             came_back = entry is not None and entry.reason.startswith(UNREACHABLE)
             if version not in accepted and version not in plane.known_versions and not came_back:
-                await self.stand_down(url, version)
+                await stand_down(self, url, version)
                 return
             if entry is None:
                 if version not in accepted:
@@ -282,31 +309,6 @@ class Fence:
         plane.note_change()
         log.warning("worker %s healed: back in the fleet at version %s", url, plane.version)
 
-    # ---- one controller per fleet
-
-    async def stand_down(self, url: str, version: str) -> None:
-        """A worker reports a version this process never set nor saw, with no restart between: another
-        process updates these workers' weights. Two controllers would undo each other forever, so this one
-        stops acting: one line, the workers it kept out let back in (the other owns them now), its weight
-        updates refused (409) and its data path judging no reply by its own record."""
-        plane = self.plane
-        plane.stood_down = (
-            f"another process updates these workers' weights ({url} reports weight version {version!r}, which "
-            "this proxy never set): this proxy no longer fences, heals or updates weights. Run ONE fleet "
-            "controller and start every other proxy in front of the same workers with --fleet-controller "
-            "<the controller's URL>, then restart this one")
-        log.error("%s", plane.stood_down)
-        for entry in list(self.fenced.values()):
-            with contextlib.suppress(Exception):  # best effort: the other controller owns these workers now
-                if not plane.paused:
-                    await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
-                                        [entry.url])
-                if entry.removed:
-                    await self.put_back(entry)
-        self.fenced.clear()
-        plane.fenced_urls.clear()
-        plane.note_change()
-
     # ---- sglang-router's list
 
     async def take_out(self, entry: Fenced) -> None:
@@ -379,6 +381,7 @@ async def _fence(app: web.Application):
         yield
         return
     fence = app[FENCE] = Fence(plane, settings.fence_interval_s)
+    plane.board.on_stale = fence.poke
     if REGISTER_COLLECTOR in app:
         app[REGISTER_COLLECTOR](FenceCollector(fence))
     app[CONTEXT].when_ready(lambda backend: plane.note_change())  # the version learnt at start-up

@@ -11,7 +11,7 @@ started with `--fleet-controller URL` follows that controller:
 The controller is named, not discovered: the workers offer no place to agree on one (SGLang keeps no
 writable shared state, and a proxy may sit in front of a subset of a router's workers), and a flag is
 what the trainer's launcher already writes for every other address. Two would-be controllers are found
-by the fence (fence.py's stand_down): a worker on a version this process never set nor saw, with no
+by the fence (fence.py calls stand_down): a worker on a version this process never set nor saw, with no
 restart between, was updated by another process; the one that finds it stops acting and logs one line
 naming this flag. They never take turns.
 """
@@ -59,6 +59,32 @@ async def fleet_versions(request: web.Request) -> web.Response:
     await plane.wait_for_change(seen, max(wait, 0.0))
     return json_response({"seq": plane.changes, "now": time.monotonic(), "controller": plane.stood_down is None,
                           "record": plane.version_record().as_dict()})
+
+
+# ---- two would-be controllers
+
+async def stand_down(fence, url: str, version: str) -> None:
+    """The fence (fence.py) saw a worker on a version this process never set nor saw, with no restart
+    between: another process updates these workers' weights. Two controllers would undo each other forever,
+    so this one stops acting: one line, the workers it kept out let back in (the other owns them now), its
+    weight updates refused (409: plane.py's StoodDown) and its data path judging no reply by its own record."""
+    plane = fence.plane
+    plane.stood_down = (
+        f"another process updates these workers' weights ({url} reports weight version {version!r}, which "
+        "this proxy never set): this proxy no longer fences, heals or updates weights. Run ONE fleet "
+        "controller and start every other proxy in front of the same workers with --fleet-controller "
+        "<the controller's URL>, then restart this one")
+    log.error("%s", plane.stood_down)
+    for entry in list(fence.fenced.values()):
+        with contextlib.suppress(Exception):  # best effort: the other controller owns these workers now
+            if not plane.paused:
+                await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
+                                    [entry.url])
+            if entry.removed:
+                await fence.put_back(entry)
+    fence.fenced.clear()
+    plane.fenced_urls.clear()
+    plane.note_change()
 
 
 # ---- the follower's side

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -82,10 +83,11 @@ class FleetVersions(Protocol):
 class VersionBoard:
     """The admin owner's: the plane puts a fresh record here on every change (fleet/plane.py)."""
 
-    __slots__ = ("record",)
+    __slots__ = ("on_stale", "record")
 
     def __init__(self) -> None:
         self.record = VersionRecord()
+        self.on_stale: Callable[[], None] | None = None  # the fence's poke: a stale reply is news of a worker
 
     async def refresh(self) -> None:
         return None
@@ -123,7 +125,11 @@ class FleetCheck:
         return self.fleet.record.unavailable
 
     async def stale(self, versions: set[str], since: float) -> str | None:
-        return await stale_version(self.fleet, versions, since)
+        bad = await stale_version(self.fleet, versions, since)
+        poke = getattr(self.fleet, "on_stale", None)
+        if bad is not None and poke is not None:
+            poke()  # the fence reads every worker now, not at its next idle read (fence.py's cadence)
+        return bad
 
 
 def register_reply_check(app: web.Application, fleet: FleetVersions) -> None:
