@@ -73,5 +73,4 @@ class StaleCheck:
         current = self.fleet.current()
         log.warning("a reply came from weight version %r, not the fleet's %r: sent again (up to %d sends)", bad,
                     current, self.tries)
-        return (f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}: a worker is out "
-                "of step with the fleet (GET /weight_info names it)")
+        return f"SGLang answered from weight version {bad!r} while the fleet serves {current!r}"
