@@ -10,8 +10,9 @@ SGLang is known the engine-facing fields raise BackendUnavailable (a 503 naming 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -27,7 +28,38 @@ from token_proxy.tokenization.loader import TokenizerInfo
 from token_proxy.tokenization.renderer import PromptRenderer
 from token_proxy.tokenization.token_text import TokenTexts
 
-__all__ = ["CONTEXT", "ON_FATAL", "REGISTER_COLLECTOR", "SETTINGS", "ProxyContext"]
+__all__ = ["CONTEXT", "ON_FATAL", "REGISTER_COLLECTOR", "SETTINGS", "Gate", "ProxyContext"]
+
+
+@dataclass(slots=True)
+class Gate:
+    """Generations wait here while an admin call needs SGLang's scheduler idle from its check to its end
+    (admin/memory.py: SGLang's release_memory_occupation asserts it, and dies); `passing` counts the
+    generations past the gate and not yet answered (one may be on its way to SGLang, not yet in its load).
+    Here, not in sglang/, so a plain chat runs no extra module (tests/pipeline/test_request_path.py)."""
+
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    passing: int = 0
+
+    def __post_init__(self) -> None:
+        self.opened.set()
+
+    @contextlib.asynccontextmanager
+    async def through(self) -> AsyncIterator[None]:
+        await self.opened.wait()
+        self.passing += 1
+        try:
+            yield
+        finally:
+            self.passing -= 1
+
+    @contextlib.asynccontextmanager
+    async def closed(self) -> AsyncIterator[None]:
+        self.opened.clear()
+        try:
+            yield
+        finally:
+            self.opened.set()
 
 
 @dataclass(slots=True)
@@ -37,6 +69,7 @@ class ProxyContext:
     executor: Executor
     # The SGLang rids being served and the work that outlives a cancelled handler (aborting_on_exit's).
     requests: Requests = field(default_factory=Requests)
+    gate: Gate = field(default_factory=Gate)  # every generation passes it (pipeline/call.py, the pass-through)
     connection: Connection = field(init=False)
     started_at: int = field(default_factory=lambda: int(time.time()))
 

@@ -292,7 +292,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         native.check_native(request.path, body, native.Limits(ctx.tokenizer_info.vocab_size,
                                                               ctx.backend.api.sampling_keys))
     method = _upstream_method(request)
-    async with ctx.requests.gate.through(), client.open(method, request.path_qs, body or None,
+    async with ctx.gate.through(), client.open(method, request.path_qs, body or None,
                                                         upstream_headers(request.headers.items())) as upstream:
         if upstream.status == 404:
             raw = await upstream.read()

@@ -27,9 +27,8 @@ from token_proxy.admin.flush import pending, read_pending
 from token_proxy.admin.workers import ADMIN, AdminPlane
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.http_io import parse_json_object
-from token_proxy.sglang.in_flight import Gate
 from token_proxy.sglang.workers import raise_for_failures
-from token_proxy.state import CONTEXT
+from token_proxy.state import CONTEXT, Gate
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +142,7 @@ async def _forwarded(request: web.Request, call, action: str) -> web.Response:
     tags = checked_tags(parse_json_object(raw) if raw.strip() else {})
     async with plane.transaction():
         if call is release:
-            await release(plane, request.app[MEMORY], request.app[CONTEXT].requests.gate, await plane.worker_urls(),
+            await release(plane, request.app[MEMORY], request.app[CONTEXT].gate, await plane.worker_urls(),
                           tags, action)
         else:
             await resume(plane, request.app[MEMORY], await plane.worker_urls(), tags, action)

@@ -259,7 +259,7 @@ async def _release(request: web.Request, urls: list[str], tags: list[str], actio
     memory = request.app[MEMORY]
     natives = [native for tag in tags for native in SLEEP_TAGS[tag] if native not in memory.released]
     if natives:
-        await memory_ops.release(request.app[ADMIN], memory, request.app[CONTEXT].requests.gate, urls, natives,
+        await memory_ops.release(request.app[ADMIN], memory, request.app[CONTEXT].gate, urls, natives,
                                  action)
 
 

@@ -29,7 +29,7 @@ async def generate_whole(ctx: ProxyContext, call: SGLangRequest, rules: OutputRu
     """A non-streaming /generate call -> one finished Output per choice. With `lora` (an adapter
     request), a worker that lost the adapter (it restarted) gets it re-loaded and the call is sent again.
     With `fleet`, a reply on weights the fleet does not serve is sent again (fleet_versions.py)."""
-    async with ctx.requests.gate.through(), aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
+    async with ctx.gate.through(), aborting_on_exit(ctx, call.rids, stats.mark_client_gone):
         stats.mark_sent()
         once = lambda: ctx.client.generate(call.body, lora, call.headers)
         since = time.monotonic()
@@ -50,7 +50,7 @@ async def generate_streamed(request: web.Request, ctx: ProxyContext, call: SGLan
     """Errors before SGLang's first event are plain HTTP errors; after it, an error chunk + [DONE].
     With `fleet`, the first event's weight version is checked before any byte reaches the client: a
     stream on weights the fleet does not serve is closed and opened again (fleet_versions.py)."""
-    async with ctx.requests.gate.through(), aborting_on_exit(ctx, call.rids, stats.mark_client_gone), \
+    async with ctx.gate.through(), aborting_on_exit(ctx, call.rids, stats.mark_client_gone), \
             contextlib.AsyncExitStack() as stack:
         stats.mark_sent()
         once = lambda: _open_stream(ctx, call, lora, stack)

@@ -4,39 +4,8 @@ object (what client.py's aborting_on_exit fills and empties, vLLM's /abort_reque
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-
-
-@dataclass(slots=True)
-class Gate:
-    """Generations wait here while an admin call needs SGLang's scheduler idle from its check to its end
-    (admin/memory.py: SGLang's release_memory_occupation asserts it, and dies); `passing` counts the
-    generations past the gate and not yet answered (one may be on its way to SGLang, not yet in its load)."""
-
-    opened: asyncio.Event = field(default_factory=asyncio.Event)
-    passing: int = 0
-
-    def __post_init__(self) -> None:
-        self.opened.set()
-
-    @contextlib.asynccontextmanager
-    async def through(self) -> AsyncIterator[None]:
-        await self.opened.wait()
-        self.passing += 1
-        try:
-            yield
-        finally:
-            self.passing -= 1
-
-    @contextlib.asynccontextmanager
-    async def closed(self) -> AsyncIterator[None]:
-        self.opened.clear()
-        try:
-            yield
-        finally:
-            self.opened.set()
 
 
 @dataclass(slots=True)
@@ -45,7 +14,6 @@ class Requests:
     rids: dict[str, list[str]] = field(default_factory=dict)
     # Fire-and-forget work (upstream aborts, flushes) that must outlive a cancelled handler.
     background: set[asyncio.Task] = field(default_factory=set)
-    gate: Gate = field(default_factory=Gate)  # every generation passes it (pipeline/call.py, the pass-through)
 
     def spawn(self, coro: Coroutine) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
