@@ -46,7 +46,7 @@ def test_then_the_nvidia_wheel_then_the_loader(tmp_path):
                                                                                        "the dynamic loader")
 
 
-def test_wire_types_are_pyncc_ones_and_bytes_otherwise():
+def test_wire_types_are_pynccl_ones_and_bytes_otherwise():
     assert wire_type("bfloat16", 10, 2) == (9, 10)
     assert wire_type("float32", 3, 4) == (7, 3)
     assert wire_type("int64", 1, 8) == (4, 1)
@@ -90,7 +90,7 @@ def test_prototypes_are_nccl_h_ones():
     assert ctypes.sizeof(UniqueId) == 128
 
 
-def test_failed_calls_name_the_call_and_ncc_words():
+def test_failed_calls_name_the_call_and_nccl_words():
     lib = _FakeLib(results={"ncclCommInitRank": 5})
     nccl = Nccl("/x/libnccl.so.2", cdll=lambda path: lib)
     with pytest.raises(NcclError) as err:

@@ -66,7 +66,7 @@ class Communicator:
         sys.modules[name] = mod  # so pickle finds the class by vLLM's name
         self.nccl = Nccl()
         print(json.dumps({"nccl": self.nccl.version(), "nccl_so": self.nccl.path, "found_by": self.nccl.found_by,
-                          "torch_nccl": ".".join(map(str, torch.cuda.nccl.version()))}), flush=True)
+                          "torch_nccl": ".".join(map(str, torch.cuda.nccl.version()))}), file=sys.stderr, flush=True)
         self.store = dist.TCPStore("127.0.0.1", port, world_size=world_size, is_master=True,
                                    timeout=timedelta(seconds=timeout_s), use_libuv=False)  # waits for W
         uid = self.nccl.unique_id()
@@ -86,7 +86,7 @@ class Communicator:
         """PyNcclCommunicator.broadcast from the root: the tensor is both buffers, on the caller's current stream."""
         assert src == 0
         tensor = tensor.contiguous()  # a copy on the current stream when not (freed after the send, same stream)
-        stream = stream or torch.cuda.current_stream()
+        stream = torch.cuda.current_stream() if stream is None else stream
         code, count = wire_type(str(tensor.dtype).split(".")[-1], tensor.numel(), tensor.element_size())
         self.nccl.broadcast(tensor.data_ptr(), tensor.data_ptr(), count, code, 0, self.comm, stream.cuda_stream)
 
