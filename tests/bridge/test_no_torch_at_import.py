@@ -8,7 +8,7 @@ import sys
 
 
 def test_bridge_modules_import_without_torch():
-    modules = ["wire", "unpickle", "layout", "nccl", "handoff", "receiver", "sglang_load", "server", "__main__"]
+    modules = ["wire", "unpickle", "layout", "libnccl", "nccl", "handoff", "receiver", "sglang_load", "server", "__main__"]
     code = ("import sys; sys.modules['torch'] = None\n"  # an import of torch now raises ImportError
             + "".join(f"import token_proxy.bridge.{m}\n" for m in modules)
             + "print('ok')")

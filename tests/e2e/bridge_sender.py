@@ -10,10 +10,12 @@ What is upstream's and what is a stand-in:
   packed_nccl_broadcast_producer). Both import only torch (their other imports are stubbed here);
 - the group is opened by this script the way vLLM's StatelessProcessGroup.create + PyNcclCommunicator do
   (TCPStore master of world W with use_libuv=False, the id pickled as vLLM's ctypes ncclUniqueId under
-  broadcast_from/0/0, ncclCommInitRank, a float32[1] SUM all-reduce warm-up), over torch.cuda.nccl instead of
-  vLLM's ctypes PyNccl: vLLM 0.33 (a 336 MB wheel, torch 2.14) cannot be carried to the GPU host. The collectives
-  are the same NCCL calls (ncclBcast root 0, ncclAllReduce), so the bridge cannot tell the difference; what this
-  does not cover is PyNccl's own code (its stream handling) and vLLM 0.33's torch/NCCL 2.30.7.
+  broadcast_from/0/0, ncclCommInitRank, a float32[1] SUM all-reduce warm-up), over the bridge's ctypes binding of
+  torch's libnccl (token_proxy/bridge/libnccl.py, the same kind of binding as vLLM's PyNccl, with its argument
+  types) instead of vLLM's own: vLLM 0.33 (a 336 MB wheel, torch 2.14) cannot be carried to the GPU host, and
+  torch.cuda.nccl.init_rank raises SystemError (PY_SSIZE_T_CLEAN) on Python >= 3.10. The collectives are PyNccl's
+  calls (ncclBroadcast root 0 on the current stream, ncclAllReduce), so the bridge cannot tell the difference; what
+  this does not cover is PyNccl's own code and vLLM 0.33's torch/NCCL 2.30.7.
 - the HTTP calls are the trainers' own sequence: prime-rl's orchestrator (/init_broadcaster once; per step /pause,
   NCCL_READY, /update_weights {"weight_dir"}, /resume) and vLLM's engine (/init_weight_transfer_engine during the
   rendezvous; per push /start_weight_update, /update_weights concurrently with the broadcast,
@@ -41,6 +43,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from token_proxy.bridge.libnccl import NCCL_DTYPES, SUM, Nccl, wire_type
+
 
 class _VllmUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_byte * 128)]
@@ -51,7 +55,7 @@ _VllmUniqueId.__qualname__ = _VllmUniqueId.__name__ = "ncclUniqueId"
 
 
 class Communicator:
-    """Rank 0 of the trainer's group over torch.cuda.nccl (what PyNcclCommunicator does over ctypes)."""
+    """Rank 0 of the trainer's group, as PyNcclCommunicator opens it (over the same ctypes calls)."""
 
     def __init__(self, port: int, world_size: int, timeout_s: float):
         name = _VllmUniqueId.__module__
@@ -60,22 +64,31 @@ class Communicator:
         mod = types.ModuleType(name)
         mod.ncclUniqueId = _VllmUniqueId
         sys.modules[name] = mod  # so pickle finds the class by vLLM's name
+        self.nccl = Nccl()
+        print(json.dumps({"nccl": self.nccl.version(), "nccl_so": self.nccl.path, "found_by": self.nccl.found_by,
+                          "torch_nccl": ".".join(map(str, torch.cuda.nccl.version()))}), file=sys.stderr, flush=True)
         self.store = dist.TCPStore("127.0.0.1", port, world_size=world_size, is_master=True,
                                    timeout=timedelta(seconds=timeout_s), use_libuv=False)  # waits for W
-        uid = torch.cuda.nccl.unique_id()
+        uid = self.nccl.unique_id()
         struct = _VllmUniqueId()
-        ctypes.memmove(ctypes.addressof(struct), uid, 128)
+        ctypes.memmove(ctypes.addressof(struct), ctypes.addressof(uid), 128)
         self.store.set("broadcast_from/0/0", pickle.dumps(struct))
         self.device = torch.device("cuda", 0)
-        self.stream = torch.cuda.current_stream()
-        self.comm = torch.cuda.nccl.init_rank(world_size, uid, 0)
-        warm = torch.zeros(1, device=self.device)
-        torch.cuda.nccl.all_reduce([warm], comms=[self.comm])
-        torch.cuda.synchronize()
+        with torch.cuda.device(self.device):
+            self.comm = self.nccl.init_rank(world_size, uid, 0)
+            stream = torch.cuda.current_stream()
+            warm = torch.zeros(1, device=self.device)
+            self.nccl.all_reduce(warm.data_ptr(), warm.data_ptr(), 1, NCCL_DTYPES["float32"], SUM, self.comm,
+                                 stream.cuda_stream)
+            stream.synchronize()
 
     def broadcast(self, tensor, src=0, stream=None):
+        """PyNcclCommunicator.broadcast from the root: the tensor is both buffers, on the caller's current stream."""
         assert src == 0
-        torch.cuda.nccl.broadcast([tensor.contiguous()], root=0, comms=[self.comm])
+        tensor = tensor.contiguous()  # a copy on the current stream when not (freed after the send, same stream)
+        stream = torch.cuda.current_stream() if stream is None else stream
+        code, count = wire_type(str(tensor.dtype).split(".")[-1], tensor.numel(), tensor.element_size())
+        self.nccl.broadcast(tensor.data_ptr(), tensor.data_ptr(), count, code, 0, self.comm, stream.cuda_stream)
 
 
 def load_source(name: str, path: Path) -> types.ModuleType:

@@ -8,23 +8,28 @@ vLLM's and prime-rl's receivers (`StatelessProcessGroup.create` + `PyNcclCommuni
 4. a warm-up all-reduce of one float32 zero (SUM), then a stream synchronize. The trainer's constructor blocks
    in its own warm-up until every rank has joined it.
 
-The binding is torch's own, `torch.cuda.nccl` (`init_rank`, `broadcast`, `all_reduce`): it is the NCCL torch links,
-which is the library vLLM's PyNccl loads too (vLLM's `find_nccl_library` resolves torch's nvidia-nccl), it takes the
-raw 128-byte id, and its broadcast is `ncclBcast` with root 0, the trainer's rank. Hand-written ctypes would
-duplicate what torch maintains; cupy's bindings would load a second libnccl next to torch's in one process (symbol
-interposition) and are a large wheel the GPU hosts do not carry. So the bridge's NCCL is its torch's: pin the
-trainer's torch (or nvidia-nccl-cuXX) in the bridge's environment.
+The binding is `libnccl.Nccl`, a ctypes binding of the libnccl.so.2 torch loaded (found as vLLM's
+`find_nccl_library` finds it; `$TOKEN_PROXY_NCCL_SO` overrides, as vLLM's VLLM_NCCL_SO_PATH), the same kind of
+binding as the trainer's PyNccl, so both sides run the NCCL their torch ships. Not `torch.cuda.nccl`: torch 2.11's
+`init_rank` parses the id with "s#" without PY_SSIZE_T_CLEAN and raises "SystemError: PY_SSIZE_T_CLEAN macro must
+be defined for '#' formats" on Python >= 3.10 (the GPU host's first 2-GPU round). Not cupy's nccl: a large wheel
+the hosts need not carry, for five calls. The broadcast is `ncclBroadcast` with root 0 (the trainer's rank) and no
+send buffer, as PyNccl's receiving side calls it. So the bridge's NCCL is its torch's: pin the trainer's torch (or
+nvidia-nccl-cuXX) in the bridge's environment.
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from token_proxy.bridge.libnccl import SUM, Nccl, NcclError, wire_type
 from token_proxy.bridge.unpickle import UID_STORE_KEY, read_unique_id
+from token_proxy.bridge.wire import itemsize
 
 
 class JoinError(RuntimeError):
@@ -42,9 +47,8 @@ class JoinSpec:
 
 
 def nccl_version() -> str:
-    import torch
-
-    return ".".join(str(p) for p in torch.cuda.nccl.version())
+    """The version of the NCCL this bridge joins with (the library `join` loads)."""
+    return Nccl().version()
 
 
 def trainer_env(given: dict[str, str], dialect: str) -> None:
@@ -105,17 +109,19 @@ def _nccl_reason(directory: str | None) -> str:
 
 
 class Link:
-    """One joined rank: the communicator, its GPU and stream; a `wire.Channel` over torch tensors."""
+    """One joined rank: the library, the communicator, its GPU and stream; a `wire.Channel` over torch tensors."""
 
-    def __init__(self, comm: Any, device: Any, stream: Any):
-        self.comm, self.device, self.stream = comm, device, stream
+    def __init__(self, nccl: Nccl, comm: Any, device: Any, stream: Any):
+        self.nccl, self.comm, self.device, self.stream = nccl, comm, device, stream
 
     def recv(self, dtype: str, numel: int) -> Any:
         import torch
 
         with torch.cuda.stream(self.stream):
             buffer = torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
-            torch.cuda.nccl.broadcast([buffer], root=0, streams=[self.stream], comms=[self.comm])
+        code, count = wire_type(dtype, numel, itemsize(dtype))
+        if count:
+            self.nccl.broadcast(None, buffer.data_ptr(), count, code, 0, self.comm, self.stream.cuda_stream)
         return buffer
 
     def host_bytes(self, buffer: Any) -> bytes:
@@ -126,6 +132,23 @@ class Link:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+
+def load_nccl() -> Nccl:
+    """torch's libnccl, loaded after torch's CUDA side is up (so `find_library` sees the copy torch mapped); a
+    differing torch-reported version is named on stderr (the trainer's side runs torch's)."""
+    import torch
+
+    nccl = Nccl()
+    try:
+        torch_version = ".".join(str(p) for p in torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 - torch built without NCCL: nothing to compare
+        torch_version = ""
+    if torch_version and torch_version != nccl.version():
+        logging.getLogger(__name__).warning(
+            "NCCL %s loaded from %s (%s), but torch reports %s; set TOKEN_PROXY_NCCL_SO to torch's libnccl.so.2",
+            nccl.version(), nccl.path, nccl.found_by, torch_version)
+    return nccl
 
 
 def join(spec: JoinSpec, nccl_log_dir: str | None = None) -> Link:
@@ -140,17 +163,30 @@ def join(spec: JoinSpec, nccl_log_dir: str | None = None) -> Link:
     except Exception as exc:
         raise JoinError(f"rank {spec.rank}: the trainer's store at {spec.host}:{spec.port} gave no NCCL id "
                         f"within {spec.timeout_s:g} s: {exc}") from exc
+    try:
+        nccl = load_nccl()
+    except NcclError as exc:
+        raise JoinError(f"rank {spec.rank}: {exc}") from exc
     device = torch.device("cuda", spec.gpu)
     stream = torch.cuda.Stream(device=device)
+    comm = None
     try:
-        comm = torch.cuda.nccl.init_rank(spec.world_size, uid.raw, spec.rank)
-        link = Link(comm, device, stream)
-        warm = torch.zeros(1, dtype=torch.float32, device=device)
-        torch.cuda.nccl.all_reduce([warm], streams=[stream], comms=[comm])
-        stream.synchronize()
+        with torch.cuda.device(device):
+            comm = nccl.init_rank(spec.world_size, nccl.unique_id_from(uid.raw), spec.rank)
+            with torch.cuda.stream(stream):  # vLLM's warm-up: one float32 zero, SUM, then a synchronize
+                warm = torch.zeros(1, dtype=torch.float32, device=device)
+            nccl.all_reduce(warm.data_ptr(), warm.data_ptr(), 1, wire_type("float32", 1, 4)[0], SUM, comm,
+                            stream.cuda_stream)
+            stream.synchronize()
     except Exception as exc:
+        if comm is not None:
+            try:
+                nccl.abort(comm)
+            except NcclError:
+                pass
         reason = _nccl_reason(nccl_log_dir) or str(exc).splitlines()[0]
         raise JoinError(f"rank {spec.rank}: NCCL init with the trainer failed: {reason}. This bridge runs NCCL "
-                        f"{nccl_version()} (torch {torch.__version__}); the trainer's must be the same version "
-                        f"(install the trainer's torch or nvidia-nccl in the bridge's environment)") from exc
-    return link
+                        f"{nccl.version()} from {nccl.path} (torch {torch.__version__}); the trainer's must be the "
+                        f"same version (install the trainer's torch or nvidia-nccl in the bridge's environment, or "
+                        f"set TOKEN_PROXY_NCCL_SO)") from exc
+    return Link(nccl, comm, device, stream)
