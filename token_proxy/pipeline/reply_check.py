@@ -7,7 +7,7 @@ versions a reply may carry is the hook's to say; the pipeline only asks it and s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,17 +38,6 @@ def refuse_if_unavailable(check: ReplyCheck | None) -> None:
 
 
 REPLY_CHECK: web.AppKey[ReplyCheck] = web.AppKey("reply_check", object)
-
-
-def reply_versions(items: Iterable[dict]) -> set[str]:
-    """The weight versions SGLang reports in each item's (or stream event's) meta_info."""
-    out = set()
-    for item in items:
-        meta = item.get("meta_info") if isinstance(item, dict) else None
-        version = meta.get("weight_version") if isinstance(meta, dict) else None
-        if version is not None:
-            out.add(str(version))
-    return out
 
 
 @dataclass(slots=True)
