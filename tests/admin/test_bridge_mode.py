@@ -31,11 +31,13 @@ async def bridge_and_proxy(aiohttp_server, make_sim, make_proxy):
         if request.path in ("/bridge/join", "/bridge/leave"):
             joined[:] = [1] if request.path == "/bridge/join" else []
         if request.path == "/bridge/push" and fail:
-            if fail.pop("torn", False):  # a receiver died: the bridge dropped its group
+            torn = fail.pop("torn", False)
+            if torn:  # a receiver died: the bridge dropped its group
                 joined.clear()
             worker = fail.pop("worker", sim_url)  # another worker's name: this one stopped for it (a 503)
+            error = {"worker": worker, "message": fail.pop("message"), **({"torn": True} if torn else {})}
             return web.json_response({"ok": False, "buckets": 3, "tensors": 2, "bytes": 10, "seconds": 0.1,
-                                      "errors": [{"worker": worker, "message": fail.pop("message")}]}, status=502)
+                                      "errors": [error]}, status=502)
         return web.json_response({"ok": True, "buckets": 3, "tensors": 11, "bytes": 100, "seconds": 0.1, "errors": []})
 
     app = web.Application()
@@ -52,7 +54,7 @@ async def test_a_torn_push_needs_a_new_init(bridge_and_proxy):
     assert (await proxy.post("/init_broadcaster", json=init)).status == 200
     fail.update(torn=True, message="rank 1 (GPU 0) died (exit code -9)")
     r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_1"})
-    assert r.status == 400
+    assert r.status == 503  # a dead receiver: the bridge's failure (a new init + push works), not SGLang refusing (400)
     assert "rank 1 (GPU 0) died" in (await r.json())["error"]["message"]
     r = await proxy.post("/update_weights", json={"weight_dir": "/outputs/broadcasts/step_2"})
     assert r.status == 409

@@ -146,7 +146,8 @@ async def test_a_receiver_that_dies_mid_push_is_reported_and_the_group_dropped(a
     r = await client.post("/bridge/push", json={"dialect": "primerl"})
     body = await r.json()
     assert r.status == 502
-    assert body["errors"] == [{"worker": url, "message": "rank 1 (GPU 3) died (exit code None)"}]
+    assert body["errors"] == [{"worker": url, "message": "rank 1 (GPU 3) died (exit code None)",
+                              "torn": True}]
     assert (await (await client.get("/bridge/info")).json())["joined"] == []
     r = await client.post("/bridge/push", json={"dialect": "primerl"})
     assert r.status == 400

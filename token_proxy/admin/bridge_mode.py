@@ -174,14 +174,16 @@ def worker_replies(urls: Sequence[str], mode: BridgeMode, results: Sequence[tupl
     SGLang's message; a worker whose bridge stopped for another worker's refusal, or failed, says so."""
     outcome: dict[str, WorkerReply] = {}
     for bridge, (status, body) in zip(mode.urls, results):
-        named = {e.get("worker"): e.get("message", "") for e in body.get("errors") or []}
+        errors = body.get("errors") or []
+        named = {e.get("worker"): e.get("message", "") for e in errors}
+        torn = {e.get("worker") for e in errors if e.get("torn")}  # a rank died or went silent: not SGLang's refusal
         for worker in mode.served.get(bridge, []):
             if status == 200:
                 outcome[worker] = _reply(worker, 200, True, "pushed through the weight bridge")
             elif status == 0:
                 outcome[worker] = WorkerReply(worker, 0, error=BackendUnavailable(_message(body)))
             elif worker in named:
-                outcome[worker] = _reply(worker, 400, False, named[worker])
+                outcome[worker] = _reply(worker, 502 if worker in torn else 400, False, named[worker])
             else:
                 why = "; ".join(named.values()) or _message(body)
                 outcome[worker] = _reply(worker, 502, False, f"the push stopped on weight bridge {bridge}: {why}")

@@ -237,7 +237,8 @@ async def _run_push(bridge: Bridge, spec: PushSpec, timeout_s: float) -> dict:
             live.remove(rank)
             if message[0] == "failed":  # a torn stream, a dead or silent rank: not a refusal
                 torn = True
-                errors.append({"worker": ",".join(g.worker for g in rank.plan.serves), "message": message[1]})
+                errors.append({"worker": ",".join(g.worker for g in rank.plan.serves), "message": message[1],
+                               "torn": True})
         buckets = [(r, m) for r, m in zip(live, messages) if m[0] == "bucket"]
         if not buckets:
             continue
