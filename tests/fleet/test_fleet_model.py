@@ -228,7 +228,7 @@ class FleetMachine(RuleBasedStateMachine):
             down = [p.app[ADMIN].stood_down is not None for p in (self.fleet.controller, other)]
             assert down.count(True) <= 1, down
             fights = other.app[FENCE].events["fenced"] + self.fleet.controller.app[FENCE].events["fenced"]
-            assert fights <= 2, fights
+            assert fights <= 4, fights  # one undo per worker and proxy at most, never an endless fight
         finally:
             self.run(other.close())
 

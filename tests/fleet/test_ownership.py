@@ -36,23 +36,27 @@ async def two(make_sim, make_proxy):
 
 async def test_two_controllers_on_one_fleet_never_take_turns(two, tmp_path, caplog):
     """Finding 1: X updates to version 1; Y (started the same way) used to heal it back to "default", X back
-    to 1, forever (20 version changes in 8 s). Now Y finds a version it never set, stands down with one
-    line naming --fleet-controller, and the workers stay on 1."""
+    to 1, forever (20 version changes in 8 s). Now Y, seeing a version it never set appear a second time,
+    stands down with one line naming --fleet-controller, and the workers stay on 1."""
     make, sims = two
     x, y = await make(), await make()
     await asyncio.sleep(0.2)
     response = await x.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_1")})
     assert response.status == 200, await response.text()
+    await until(lambda: y.app[ADMIN].stood_down is not None, timeout=5)
+    await asyncio.sleep(0.5)
     seen = []
     for _ in range(30):
         seen.append(tuple(state(s).weight_version for s in sims))
         await asyncio.sleep(0.05)
-    assert set(seen) == {("1", "1")}
-    assert x.app[ADMIN].stood_down is None and y.app[ADMIN].stood_down is not None
+    assert set(seen) == {("1", "1")}  # the update stands, and nothing moves any more
+    assert x.app[ADMIN].stood_down is None
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and "--fleet-controller" in
              r.getMessage()]
     assert len(lines) == 1 and lines[0].startswith("another process updates these workers' weights")
-    assert x.app[FENCE].events["fenced"] == 0 and y.app[FENCE].events["fenced"] == 0
+    # At most one undo each (Y healed the first foreign version it saw; X healed that back; Y saw version 1
+    # again and stood down), where d6350dc went on for good (61 fenced events on each proxy in two minutes).
+    assert x.app[FENCE].events["fenced"] <= 2 and y.app[FENCE].events["fenced"] <= 2
     # Y refuses to change the weights, naming the fix; its chats still answer, on the fleet's weights.
     refused = await y.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_2")})
     body = await refused.json()

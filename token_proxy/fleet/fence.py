@@ -23,9 +23,9 @@ behind sglang-router, added back.
 A worker that was only unreachable and comes back on the fleet's version is let back in at once when the
 fleet still serves the weights SGLang starts with; otherwise it is healed as above.
 The watcher stands aside while a weight update holds the fleet (transaction.py's lock), during a client's
-own weight-update session, and while a failed update holds the fleet paused. A worker on a version this
-process never set nor saw, with no restart between, was updated by another process: this one stands down
-(ownership.py's `stand_down`, one line) rather than undo it (two controllers would take turns forever).
+own weight-update session, and while a failed update holds the fleet paused. A version this process never
+set nor saw, appearing on a worker twice within ownership.py's FIGHT_WINDOW_S (`strike`), is another controller at work:
+this one stands down (ownership.py's `stand_down`, one line) rather than undo it again.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from token_proxy.errors import BackendUnavailable
 from token_proxy.fleet import router_list
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import safe_flush, settle_refusals
-from token_proxy.fleet.ownership import stand_down
+from token_proxy.fleet.ownership import stand_down, strike
 from token_proxy.fleet.plane import ADMIN, AdminPlane
 from token_proxy.fleet.versions import register_reply_check
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply
@@ -89,6 +89,8 @@ class Fence:
     events: dict[str, int] = field(default_factory=lambda: {FENCED: 0, HEALED: 0})
     tasks: set = field(default_factory=set)
     poked: asyncio.Event = field(default_factory=asyncio.Event)
+    foreign: dict[str, str] = field(default_factory=dict)  # url -> the last version it showed that no one here set
+    strikes: list[float] = field(default_factory=list)  # when such versions appeared (ownership.strike)
 
     # ---- the watcher
 
@@ -149,7 +151,8 @@ class Fence:
             if version is None:
                 continue  # no verdict (a timeout, or an SGLang without weight versions)
             came_back = entry is not None and entry.reason.startswith(UNREACHABLE)
-            if version not in accepted and version not in plane.known_versions and not came_back:
+            if version not in accepted and version not in plane.known_versions and not came_back \
+                    and strike(self, url, version):
                 await stand_down(self, url, version)
                 return
             if entry is None:

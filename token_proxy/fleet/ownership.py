@@ -11,9 +11,10 @@ started with `--fleet-controller URL` follows that controller:
 The controller is named, not discovered: the workers offer no place to agree on one (SGLang keeps no
 writable shared state, and a proxy may sit in front of a subset of a router's workers), and a flag is
 what the trainer's launcher already writes for every other address. Two would-be controllers are found
-by the fence (fence.py calls stand_down): a worker on a version this process never set nor saw, with no
-restart between, was updated by another process; the one that finds it stops acting and logs one line
-naming this flag. They never take turns.
+by the fence (strike, then stand_down): a version this process never set nor saw, appearing on a
+worker with no restart between, is healed once like any change behind its back; a second within
+FIGHT_WINDOW_S means another process updates the weights: the one that finds it stops acting and logs one
+line naming this flag. At most one undo each, never an endless fight.
 """
 
 from __future__ import annotations
@@ -63,9 +64,24 @@ async def fleet_versions(request: web.Request) -> web.Response:
 
 # ---- two would-be controllers
 
+FIGHT_WINDOW_S = 30.0  # two foreign versions this close: another controller
+
+
+def strike(fence, url: str, version: str) -> bool:
+    """A version this process never set appeared on a worker (no restart between). Once is a change behind
+    its back (fenced and healed like any drift); twice within FIGHT_WINDOW_S (the same worker again after a
+    heal, or another worker) is another controller at work: True, stand down."""
+    if fence.foreign.get(url) == version:
+        return False  # the same sighting, read again
+    fence.foreign[url] = version
+    now = time.monotonic()
+    fence.strikes = [t for t in fence.strikes if now - t < FIGHT_WINDOW_S] + [now]
+    return len(fence.strikes) >= 2
+
+
 async def stand_down(fence, url: str, version: str) -> None:
-    """The fence (fence.py) saw a worker on a version this process never set nor saw, with no restart
-    between: another process updates these workers' weights. Two controllers would undo each other forever,
+    """The fence (fence.py) saw versions this process never set nor saw appear twice (its strike): another
+    process updates these workers' weights. Two controllers would undo each other forever,
     so this one stops acting: one line, the workers it kept out let back in (the other owns them now), its
     weight updates refused (409: plane.py's StoodDown) and its data path judging no reply by its own record."""
     plane = fence.plane

@@ -102,6 +102,7 @@ async def _update_from_disk(plane: AdminPlane, path: str, version: str | None, a
     if all(r.ok for r in results):
         plane.record_version(version)
         plane.loaded_path, plane.hold = path, None
+        plane.checkpoint_proven = True  # this controller loaded it as the fleet's version (a heal may use it)
         plane.checksum_verified = verify_checksum  # the fence verifies a healed worker the same way
         if paused_here:
             await resume_all(plane, urls, f"{action} landed on every worker (version {version}), but resume")
