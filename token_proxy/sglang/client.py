@@ -9,7 +9,8 @@ own, read by sglang/relay.py (http or https, alike for all three). Every call ca
 
 Both pools drop a connection idle for `--backend-keepalive` seconds (default 4, under SGLang's 5), so the
 proxy never writes on one SGLang is about to close; every call goes through the one retry point,
-sglang/retry_rules.py's `retrying`, and its one list of rules (broken reply, lost adapter, stale connection).
+sglang/retry_rules.py's `retrying`, and its one ordered list of rules (broken reply, lost adapter, stale
+connection, stale weights).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Whole replies (a non-streamed /generate, the data path's one call) go out on connections of the project's own:
 an asyncio protocol per connection, its answer framed by sglang/http1.py (sans-IO), one request at a time,
-kept alive between requests. aiohttp's client call (request, pool, response, reader, its timer) costs ~3x the
-CPU of this path per call (bench/bench_client_call.py). Every other call (abort, health, admin, pass-through)
+kept alive between requests. aiohttp's client call (request, pool, response, reader, its timer) costs ~4x the
+CPU of this path per call (bench/bench_client_call.py; bench/RESULTS.md section 17). Every other call (abort, health, admin, pass-through)
 stays on aiohttp's pool (`sglang_sessions`); streams open their own connection (sglang/relay.py).
 
 Both pools drop a connection idle for `keepalive_s` (`--backend-keepalive`, default 4, under SGLang's 5:
