@@ -1,7 +1,7 @@
 """The route table's type: a row of routes.py's one table (`Route`), what the middleware reads of a row
-(`RouteFlags`), a route's classes (its `kind`) and who answers it with --workers N (its `worker`). It imports
-nothing of the project: the table's writers (routes.py, serving/control.py) and its readers (http_io.py's
-`route_of` / `route_kind`, which ops/ calls) both stand on it."""
+(`RouteFlags`), a route's classes (its `kind`) and which serving process answers it with --workers N (its
+`answered_by`). It imports nothing of the project: the table's writers (routes.py, serving/control.py) and
+its readers (http_io.py's `route_of` / `route_kind`, which ops/ calls) both stand on it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["ADMIN", "INFERENCE", "LOCAL", "OPS", "OWNER", "TOKENIZER", "Handler"
 
 INFERENCE, TOKENIZER, ADMIN, OPS = "inference", "tokenizer", "admin", "ops"  # a route's class (`kind`)
 # Who answers a row with --workers N: LOCAL, every data-plane process itself; OWNER, the admin owner
-# (a worker forwards it there over the owner's socket: serving/process_app.py).
+# (every other serving process forwards it there over the owner's socket: serving/process_app.py).
 LOCAL, OWNER = "local", "owner"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -30,7 +30,7 @@ class RouteFlags(Protocol):
     weight_update: bool  # swaps weights: timed and counted by the metrics
     sets_version: bool  # SGLang may serve another weight version after it
     in_openapi: bool  # described by GET /openapi.json
-    worker: str  # "local": this process's own handler answers it (the data plane); "owner": the admin plane
+    answered_by: str  # LOCAL: this serving process's own handler (the data plane); OWNER: the admin owner
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class Route:
     weight_update: bool = False  # swaps weights: the metrics time and count it, then re-read the version
     sets_version: bool = False  # SGLang may serve another weight version after it: the gauge is re-read
     dialect: str | None = None  # None: the proxy's own API; else whose admin API it speaks (routes.py)
-    worker: str = LOCAL
+    answered_by: str = LOCAL  # LOCAL / OWNER: which serving process answers it under --workers N
     in_openapi: bool = False  # GET /openapi.json describes it (a test holds ops/openapi.py to these rows)
 
     @property

@@ -3,7 +3,7 @@ admin plane (every dialect) alike. add_routes registers the rows and puts the ta
 (http_io.ROUTE_TABLE), where the middleware reads a route's flags: auth and admission its class,
 the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows;
 `in_openapi` rows are the paths ops/openapi.py describes (tests/serving/test_route_table.py checks
-the two agree); a --workers process forwards the `worker=OWNER` rows to the admin owner.
+the two agree); a --workers process forwards the `answered_by=OWNER` rows to the admin owner.
 
 Classes: inference (generates tokens: the API key, and an admission slot), tokenizer (data-plane
 reads: the API key), admin (control plane: the admin key), ops (public probes and metrics).
@@ -99,11 +99,11 @@ POST, GET, GET_POST = ("POST",), ("GET",), ("GET", "POST")
 
 def _sglang(path: str, methods: tuple[str, ...] = POST, kind: str = ADMIN, **flags) -> Route:
     """One of SGLang's native admin routes, forwarded to every worker (admin/forward.py's FORWARDS)."""
-    return Route(path, methods, forwarded(path), kind, dialect=SGLANG, worker=OWNER, **flags)
+    return Route(path, methods, forwarded(path), kind, dialect=SGLANG, answered_by=OWNER, **flags)
 
 
 def _admin(path: str, methods: tuple[str, ...], handler: Handler, dialect: str, kind: str = ADMIN, **flags) -> Route:
-    return Route(path, methods, handler, kind, dialect=dialect, worker=OWNER, **flags)
+    return Route(path, methods, handler, kind, dialect=dialect, answered_by=OWNER, **flags)
 
 
 ROUTES: tuple[Route, ...] = (
@@ -118,7 +118,7 @@ ROUTES: tuple[Route, ...] = (
       for prefix in ("", "/v1") for name, handler in (("tokenize", tokenize), ("detokenize", detokenize))),
     Route("/v1/models", GET, list_models, TOKENIZER, in_openapi=True),
     # SkyRL: a trajectory's session ends; with --workers N the owner drops it in every process
-    Route("/finish_session", POST, finish_session, TOKENIZER, worker=OWNER),
+    Route("/finish_session", POST, finish_session, TOKENIZER, answered_by=OWNER),
     Route("/fetch_weights", GET_POST, fetch_weights, ADMIN),  # a 501 that says how weights reach SGLang
     Route("/openapi.json", GET, openapi_json, OPS),
     Route("/health", GET, health, OPS, quiet=True, in_openapi=True),
@@ -181,10 +181,10 @@ ROUTES: tuple[Route, ...] = (
     _admin("/get_weight_version", GET, removed_routes.weight_version, SGLANG),
     _admin("/weight_version", GET, removed_routes.weight_version, SGLANG),
     # --- SGLang's own routes, reached through the pass-through: listed for their class and flags ---
-    Route("/generate", POST, None, INFERENCE, dialect=SGLANG, worker=OWNER),
-    Route("/health_generate", GET, None, TOKENIZER, dialect=SGLANG, worker=OWNER),
-    Route("/ping", GET, None, OPS, dialect=SGLANG, worker=OWNER),
-    Route("/update_weights_from_tensor", POST, None, ADMIN, weight_update=True, dialect=SGLANG, worker=OWNER),
+    Route("/generate", POST, None, INFERENCE, dialect=SGLANG, answered_by=OWNER),
+    Route("/health_generate", GET, None, TOKENIZER, dialect=SGLANG, answered_by=OWNER),
+    Route("/ping", GET, None, OPS, dialect=SGLANG, answered_by=OWNER),
+    Route("/update_weights_from_tensor", POST, None, ADMIN, weight_update=True, dialect=SGLANG, answered_by=OWNER),
 )
 _TABLE = {route.path: route for route in ROUTES}
 
@@ -225,7 +225,7 @@ def add_admin_plane(app: web.Application) -> None:
     the pass-through of every other route to SGLang."""
     add_admin_state(app)
     add_fence(app)  # after the plane's state: its watcher and the data path's fleet versions
-    rows = [route for route in ROUTES if route.worker == OWNER]
+    rows = [route for route in ROUTES if route.answered_by == OWNER]
     if app[SETTINGS].fleet_controller:  # a follower: the fleet's admin calls go to its controller
         ownership.add_follower(app)
         add_rows(app, [route for route in rows if ownership.follows(route)], ownership.forward_to_controller)
@@ -236,7 +236,7 @@ def add_admin_plane(app: web.Application) -> None:
 
 def add_routes(app: web.Application, add_admin: Callable[[web.Application], None] = add_admin_plane) -> None:
     """The LOCAL rows, then the admin plane's (`add_admin`: a --workers process forwards the OWNER rows).
-    The whole table goes on the app whoever answers a row: a worker checks keys and logs as the owner would."""
-    add_rows(app, [route for route in ROUTES if route.worker == LOCAL])
+    The whole table goes on the app whoever answers a row: a serving process checks keys and logs as the owner would."""
+    add_rows(app, [route for route in ROUTES if route.answered_by == LOCAL])
     app[ROUTE_TABLE].update(_TABLE)
     add_admin(app)

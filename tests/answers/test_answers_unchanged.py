@@ -83,7 +83,7 @@ def test_every_data_plane_route_has_a_case():
     """A route added to the data plane gets a recorded answer too (the admin plane speaks to trainers' control
     loops and SGLang's admin API: its own tests cover it)."""
     covered = {step.path for case in CASES for step in case.steps if not callable(step)}
-    served = {route.path for route in ROUTES if route.worker == LOCAL and route.served}
+    served = {route.path for route in ROUTES if route.answered_by == LOCAL and route.served}
     assert served - covered - UNRECORDED_PATHS == set()
 
 

@@ -67,13 +67,13 @@ def test_openapi_describes_exactly_the_in_openapi_rows():
     assert sorted(described) == sorted(route.path for route in ROUTES if route.in_openapi)
 
 
-def test_a_worker_forwards_exactly_the_owner_rows():
+def test_a_serving_process_forwards_exactly_the_owner_rows():
     app = web.Application()
     add_serving_plane(app)
     forwarded = {(route.method, route.resource.canonical) for route in app.router.routes()
                  if route.handler is forward_to_owner and isinstance(route.resource, web.PlainResource)}
     # every OWNER row, SGLang's own listed ones too, for its methods (and HEAD with a GET); else a 405
-    assert forwarded == {(method, route.path) for route in ROUTES if route.worker == OWNER
+    assert forwarded == {(method, route.path) for route in ROUTES if route.answered_by == OWNER
                          for method in route.methods + (("HEAD",) if "GET" in route.methods else ())}
     assert ("POST", "/update_weights") in forwarded and ("POST", "/v1/completions") not in forwarded
 

@@ -100,7 +100,7 @@ async def drain_deadline(request: web.Request, handler):
 
 def _drained(route) -> bool:
     """This process's own handlers, and SGLang's data routes through the pass-through (no handler of ours)."""
-    return route is not None and (route.worker == LOCAL or (route.handler is None and route.kind != ADMIN))
+    return route is not None and (route.answered_by == LOCAL or (route.handler is None and route.kind != ADMIN))
 
 
 async def _answer(request: web.Request, error: BackendUnavailable) -> web.StreamResponse:

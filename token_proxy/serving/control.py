@@ -1,13 +1,16 @@
-"""The admin owner's internal routes, on its Unix socket (only the workers reach it):
+"""The admin owner's internal routes, on its Unix socket (only the serving processes of --workers N
+reach it):
 
-- POST /_internal/adapters: a worker's LoRA long-poll (adapter_sync.py);
-- POST /_internal/lora_sync: a worker's request found SGLang without an adapter; re-load what is missing;
-- GET /_internal/metrics: the one-producer block every worker appends to its /metrics (metrics_block.py);
-- POST /_internal/news {"process", "seen", "dropped", "wait"}: a worker's long-poll for the served name and
-  the finished sessions (owner_news.py);
+- POST /_internal/adapters: a serving process's LoRA long-poll (adapter_sync.py);
+- POST /_internal/lora_sync: a serving process's request found SGLang without an adapter; re-load what is
+  missing;
+- GET /_internal/metrics: the one-producer block every serving process appends to its /metrics
+  (metrics_block.py);
+- POST /_internal/news {"process", "seen", "dropped", "wait"}: a serving process's long-poll for the served
+  name and the finished sessions (owner_news.py);
 - POST /_internal/fleet_versions {"seen", "wait"}: the fleet's weight-version record once it differs from
   `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check;
-- GET /_internal/ready: whether the owner is connected to SGLang (a worker's /health waits for it).
+- GET /_internal/ready: whether the owner is connected to SGLang (a serving process's /health waits for it).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ async def fleet_versions(request: web.Request) -> web.Response:
 
 
 async def owner_ready(request: web.Request) -> web.Response:
-    """A worker's /health asks: is the owner connected to SGLang (every OWNER row can be served)?"""
+    """A serving process's /health asks: is the owner connected to SGLang (every OWNER row can be served)?"""
     reason = request.app[CONTEXT].not_ready_reason
     return json_response({"ready": reason is None, "reason": reason}, 200 if reason is None else 503)
 
@@ -70,14 +73,14 @@ async def owner_metrics(request: web.Request) -> web.Response:
     return web.Response(body=await render_owner_block(request.app), content_type="text/plain")
 
 
-# Rows of the route table that only the owner's app has (a worker refuses /_internal/ for clients).
+# Rows of the route table that only the owner's app has (a serving process refuses /_internal/ for clients).
 CONTROL_ROUTES = (
-    Route("/_internal/adapters", ("POST",), adapters_poll, ADMIN, dialect=INTERNAL, worker=OWNER),
-    Route("/_internal/news", ("POST",), news_poll, ADMIN, dialect=INTERNAL, worker=OWNER),
-    Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, worker=OWNER),
-    Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, worker=OWNER),
-    Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, worker=OWNER),
-    Route("/_internal/ready", ("GET",), owner_ready, ADMIN, dialect=INTERNAL, worker=OWNER),
+    Route("/_internal/adapters", ("POST",), adapters_poll, ADMIN, dialect=INTERNAL, answered_by=OWNER),
+    Route("/_internal/news", ("POST",), news_poll, ADMIN, dialect=INTERNAL, answered_by=OWNER),
+    Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, answered_by=OWNER),
+    Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, answered_by=OWNER),
+    Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, answered_by=OWNER),
+    Route("/_internal/ready", ("GET",), owner_ready, ADMIN, dialect=INTERNAL, answered_by=OWNER),
 )
 
 
@@ -93,8 +96,8 @@ def add_control_state(app: web.Application) -> None:
 
 async def _publisher(app: web.Application):
     publisher = app[PUBLISHER] = AdapterPublisher(app[ADAPTERS])
-    app[MAP_PUBLISHED] = publisher.published  # a load or unload answers once every worker applied it
+    app[MAP_PUBLISHED] = publisher.published  # a load or unload answers once every serving process applied it
     news = app[NEWS] = OwnerNews(app[CONTEXT])
-    app[NAME_PUBLISHED] = news.renamed  # a rename, and a finished session, answer once every worker applied it
+    app[NAME_PUBLISHED] = news.renamed  # a rename or a finished session answers once every process applied it
     app[FINISH_EVERYWHERE] = news.finish_session
     yield

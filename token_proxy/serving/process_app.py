@@ -105,7 +105,7 @@ class OwnerReadiness:
 
 def add_serving_plane(app: web.Application) -> None:
     """In place of routes.add_admin_plane: the route table's OWNER rows, each forwarded, then the catch-all."""
-    add_rows(app, [route for route in ROUTES if route.worker == OWNER], handler=forward_to_owner)
+    add_rows(app, [route for route in ROUTES if route.answered_by == OWNER], handler=forward_to_owner)
     app.router.add_route("*", "/_internal/{tail:.*}", internal_only)
     app.router.add_route("*", "/{tail:.*}", forward_to_owner)
     app.cleanup_ctx.append(_serving_state)
