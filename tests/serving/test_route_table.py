@@ -14,7 +14,7 @@ from token_proxy.api.sampling import RANGES
 from token_proxy.errors import InvalidRequest
 from token_proxy.http_io import ROUTE_TABLE, route_kind, routes_where
 from token_proxy.ids import MAX_ID_CHARS, checked_id
-from token_proxy.ops.openapi import Limits, openapi_spec
+from token_proxy.ops.openapi import Limits, openapi_spec, tool_choices
 from token_proxy.route_row import ADMIN, INFERENCE, OPS, OWNER, TOKENIZER
 from token_proxy.routes import ROUTES, route_class
 from token_proxy.serving.process_app import add_serving_plane, forward_to_owner
@@ -52,7 +52,8 @@ async def test_the_app_carries_the_table_and_openapi_lists_its_rows(proxy):
     assert sorted(orjson.loads(body)["paths"]) == sorted(listed)
     # the handler serves openapi_spec as it is, for the connected engine's limits (nothing filtered)
     ctx = app[CONTEXT]
-    limits = Limits(ctx.backend.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len)
+    limits = Limits(ctx.backend.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len,
+                    tool_choices(ctx.connection.get().tool_parser, ctx.settings.enable_auto_tool_choice))
     assert limits.model == "sim/qwen2-tiny" and body == orjson.dumps(openapi_spec(limits))
 
 

@@ -192,13 +192,16 @@ STRUCTURED_TO_SGLANG = {"json": "json_schema", "regex": "regex", "grammar": "ebn
 
 
 def _constraint_from_structured(structured: dict) -> tuple[str, str] | None:
+    for src in ("regex", "grammar"):  # vLLM's StructuredOutputsParams: str | None, dict too for json
+        if structured.get(src) is not None and not isinstance(structured[src], str):
+            raise bad("structured_outputs", f"structured_outputs.{src} must be a string")
+    if structured.get("json") is not None and not isinstance(structured["json"], (str, dict)):
+        raise bad("structured_outputs", "structured_outputs.json must be a JSON schema (an object or a string)")
     given = [k for k in ("json", "regex", "grammar", "choice") if structured.get(k) not in (None, [])]
     if len(given) > 1:  # as vLLM: a second constraint would be silently ignored
         raise bad("structured_outputs", f"only one kind of constraint may be given, got {', '.join(given)}")
     for src, dst in STRUCTURED_TO_SGLANG.items():
         value = structured.get(src)
-        if value is not None and src != "json" and not isinstance(value, str):
-            raise bad("structured_outputs", f"structured_outputs.{src} must be a string")
         if value is not None:
             return dst, value if isinstance(value, str) else orjson.dumps(value).decode()
     choice = structured.get("choice")

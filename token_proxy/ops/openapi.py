@@ -33,10 +33,17 @@ ERROR_STATUSES = {
 }
 
 
+ALL_TOOL_CHOICES = ("auto", "required", "named")
+
+
 class Limits(NamedTuple):
     model: str | None = None
     vocab_size: int | None = None
     max_model_len: int | None = None
+    # The tool_choice values besides "none" that this proxy takes (tools/request.py's _check_parser):
+    # all three with a tool-call parser and --enable-auto-tool-choice, else none. All three until SGLang
+    # is known (its chat template may name the parser).
+    tool_choices: tuple[str, ...] = ALL_TOOL_CHOICES
 
 
 async def openapi_json(request: web.Request) -> web.Response:
@@ -48,9 +55,15 @@ async def openapi_json(request: web.Request) -> web.Response:
 def _limits(request: web.Request) -> Limits:
     ctx = request.app[CONTEXT]
     try:
-        return Limits(ctx.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len)
+        return Limits(ctx.served_model_name, ctx.tokenizer_info.vocab_size, ctx.max_model_len,
+                      tool_choices(ctx.connection.get().tool_parser, ctx.settings.enable_auto_tool_choice))
     except BackendUnavailable:  # not connected yet: the same description without the engine's limits
         return Limits()
+
+
+def tool_choices(tool_parser: str | None, auto_tool_choice: bool) -> tuple[str, ...]:
+    """vLLM builds no tool parser without both flags, and then takes no tool_choice but "none"."""
+    return ALL_TOOL_CHOICES if tool_parser is not None and auto_tool_choice else ()
 
 
 def openapi_spec(limits: Limits | None = None) -> dict:
@@ -172,6 +185,15 @@ TOP_LOGPROBS_NEED_LOGPROBS = _implies(_given("top_logprobs", {"type": "integer",
                                       _given("logprobs", {"const": True}))
 CONTINUE_NEEDS_NO_GENERATION_PROMPT = _implies(_given("continue_final_message", {"const": True}),
                                                _given("add_generation_prompt", {"const": False}))
+# parse_sampling's one constraint: response_format's and structured_outputs' are not both given.
+_CONSTRAINT_KINDS = ("json", "regex", "grammar", "choice")
+_GIVEN = {"not": {"anyOf": [{"type": "null"}, {"const": []}]}}
+_ABSENT = {"anyOf": [{"type": "null"}, {"const": []}]}
+ONE_CONSTRAINT = _implies(
+    _given("response_format", {"required": ["type"], "properties": {
+        "type": {"enum": ["json_object", "json_schema", "structural_tag"]}}}),
+    {"properties": {"structured_outputs": {"anyOf": [
+        {"type": "null"}, {"properties": dict.fromkeys(_CONSTRAINT_KINDS, _ABSENT)}]}}})
 TOOL_CHOICE_NEEDS_TOOLS = _implies(_given("tool_choice", {"not": {"anyOf": [{"type": "null"}, {"const": "none"}]}}),
                                    _given("tools", {"type": "array"}))
 
@@ -197,7 +219,8 @@ class _Schemas:
             "logprobs": _range("top_logprobs")}
         fields = {
             "n": _range("n"), "max_tokens": self.max_tokens, "max_completion_tokens": self.max_tokens,
-            **{key: _range(key) for key in ("min_tokens", "temperature", "top_p", "top_k", "min_p",
+            "min_tokens": {**self.max_tokens, "minimum": RANGES["min_tokens"].lo, "description": "<= max_tokens"},
+            **{key: _range(key) for key in ("temperature", "top_p", "top_k", "min_p",
                                             "frequency_penalty", "presence_penalty", "repetition_penalty")},
             "stop": {"anyOf": [NON_EMPTY_STR, {"type": "array", "items": NON_EMPTY_STR,
                                                "maxItems": MAX_STOP_STRINGS}]},
@@ -215,19 +238,20 @@ class _Schemas:
 
     @staticmethod
     def response_format() -> dict:
+        json_schema = {"type": "object", "properties": {"schema": OBJ}, "description": "{\"schema\": {...}}"}
         return {"type": "object", "properties": {
             "type": {"enum": ["text", "json_object", "json_schema", "structural_tag"]},
-            # Read only when type is json_schema; then an object whose `schema` is an object.
-            "json_schema": {"description": "with type json_schema: {\"schema\": {...}}"}}}
+            "json_schema": {"description": "read only with type json_schema"}},
+            **_implies(_given("type", {"const": "json_schema"}), _given("json_schema", json_schema))}
 
     @staticmethod
     def structured_outputs() -> dict:
-        given = {"not": {"anyOf": [{"type": "null"}, {"const": []}]}}
-        kinds = ("json", "regex", "grammar", "choice")
-        two = [{"required": [a, b], "properties": {a: given, b: given}}
+        kinds = _CONSTRAINT_KINDS
+        two = [{"required": [a, b], "properties": {a: _GIVEN, b: _GIVEN}}
                for i, a in enumerate(kinds) for b in kinds[i + 1:]]
         return {"type": "object", "description": "one of json, regex, grammar, choice", "properties": {
-            "json": {}, "regex": _nullable(STR), "grammar": _nullable(STR),
+            "json": _nullable({"type": ["string", "object"], "description": "a JSON schema (SGLang compiles it)"}),
+            "regex": _nullable(STR), "grammar": _nullable(STR),
             "choice": _nullable({"type": "array", "items": STR})}, "not": {"anyOf": two}}
 
     def message(self) -> dict:
@@ -256,16 +280,24 @@ class _Schemas:
         """Chat-only fields: tools' use (/tokenize renders tools but ignores these) and the session key."""
         named = {"type": "object", "required": ["function"], "properties": {
             "type": {"enum": ["function"]},
-            "function": {"type": "object", "required": ["name"], "properties": {"name": STR}}}}
+            "function": {"type": "object", "required": ["name"], "properties": {"name": NON_EMPTY_STR},
+                         "description": "names one of `tools`"}}}
         tool_choice = {
             "description": "vLLM's: \"none\" (tools still rendered unless --exclude-tools-when-tool-choice-none), "
                            "\"auto\" (the default with tools; needs --enable-auto-tool-choice and a tool-call "
                            "parser), \"required\" or a named function (forced by a json_schema constraint)",
-            "anyOf": [{"enum": ["none", "auto", "required"]}, named]}
+            "anyOf": [{"enum": ["none", *(c for c in ("auto", "required") if c in self.limits.tool_choices)]},
+                      *([named] if "named" in self.limits.tool_choices else [])]}
         fields = {"tool_choice": tool_choice, "parallel_tool_calls": BOOL, "include_reasoning": BOOL,
                   "session_id": {"type": "string", "maxLength": MAX_ID_CHARS,
                                  "description": "session continuity key (or the X-Session-ID header)"}}
         return {k: _nullable(v) for k, v in fields.items()}
+
+    def tool_rules(self) -> list[dict]:
+        """Without a tool parser and --enable-auto-tool-choice, tools need tool_choice "none" (absent is "auto")."""
+        if "auto" in self.limits.tool_choices:
+            return []
+        return [_implies(_given("tools", {"type": "array"}), _given("tool_choice", {"const": "none"}))]
 
     def request_fields(self) -> dict:
         return {k: _nullable(v) for k, v in {
@@ -291,7 +323,8 @@ class _Schemas:
             required.append("tokens")
         return {"type": "object", "required": required, "properties": props,
                 "allOf": [STREAM_OPTIONS_NEED_STREAM, TOP_LOGPROBS_NEED_LOGPROBS,
-                          CONTINUE_NEEDS_NO_GENERATION_PROMPT, TOOL_CHOICE_NEEDS_TOOLS],
+                          CONTINUE_NEEDS_NO_GENERATION_PROMPT, TOOL_CHOICE_NEEDS_TOOLS, ONE_CONSTRAINT,
+                          *self.tool_rules()],
                 "description": "continue_final_message needs add_generation_prompt: false; "
                                "top_logprobs > 0 needs logprobs: true; min_tokens <= max_tokens"}
 
@@ -305,11 +338,11 @@ class _Schemas:
         props = {**self.request_fields(), "prompt": prompt, "echo": _nullable(BOOL),
                  "add_special_tokens": _nullable(BOOL), "suffix": {"type": "null"},
                  **self.sampling(chat=False), **self.output_fields()}
-        return {"type": "object", "required": ["prompt"], "properties": props, "allOf": [STREAM_OPTIONS_NEED_STREAM],
+        return {"type": "object", "required": ["prompt"], "properties": props, "allOf": [STREAM_OPTIONS_NEED_STREAM, ONE_CONSTRAINT],
                 "description": "min_tokens <= max_tokens"}
 
     def generate(self) -> dict:
-        params = {"type": "object", "properties": self.sampling(chat=False)}
+        params = {"type": "object", "properties": self.sampling(chat=False), **ONE_CONSTRAINT}
         props = {**self.request_fields(), "token_ids": self.token_ids(), "sampling_params": _nullable(params),
                  "stream": _nullable(BOOL), "stream_options": _nullable(STREAM_OPTIONS),
                  "output_mode": _nullable({"const": "tokens"})}
