@@ -102,18 +102,7 @@ def proxy(tokenizer_dir, tmp_path_factory):
                                  "--backend-metrics-interval", "0.5"],
                                 stdout=sink, stderr=sink)
     server = Proxy(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 90
-    ready = 0
-    while ready < 8:  # both workers ready: 8 fresh connections in a row answer
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        try:
-            status, _ = asyncio.run(call("GET", server.url + "/v1/models"))
-        except (aiohttp.ClientError, OSError):
-            status = 0
-        ready = ready + 1 if status == 200 else 0
-        if status != 200:
-            time.sleep(0.2)
+    wait_until_serving(proc, server, log)
     yield server
     stop(proc)
 
@@ -127,6 +116,23 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def wait_until_serving(proc: subprocess.Popen, server: Proxy, log, deadline_s: float = 90) -> None:
+    """Every serving process ready: 8 fresh connections in a row answer the readiness probe, /health (200 only
+    once the admin owner is connected too, so an owner row such as ART's rename is served)."""
+    deadline = time.monotonic() + deadline_s
+    ready = 0
+    while ready < 8:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        try:
+            status, _ = asyncio.run(call("GET", server.url + "/health"))
+        except (aiohttp.ClientError, OSError):
+            status = 0
+        ready = ready + 1 if status == 200 else 0
+        if status != 200:
+            time.sleep(0.2)
 
 
 def test_a_busy_port_fails_at_once_even_for_another_workers_proxy(proxy):

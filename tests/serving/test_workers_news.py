@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 
 import aiohttp
 import pytest
 
-from tests.serving.test_workers import USER, Proxy, call, stop
+from tests.serving.test_workers import USER, Proxy, call, stop, wait_until_serving
 from tests.support.admin_fixtures import free_port
 from tests.support.lora_fixtures import write_adapter
 
@@ -30,18 +29,7 @@ def proxy(tokenizer_dir, tmp_path_factory):
                                  "--port", str(port), "--tokenizer", str(tokenizer_dir), "--log-format", "json",
                                  "--shutdown-timeout", "5"], stdout=sink, stderr=sink)
     server = Proxy(proc, f"http://127.0.0.1:{port}", log)
-    deadline = time.monotonic() + 90
-    ready = 0
-    while ready < 8:  # both processes ready: 8 fresh connections in a row answer
-        assert proc.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        try:
-            status, _ = asyncio.run(call("GET", server.url + "/v1/models"))
-        except (aiohttp.ClientError, OSError):
-            status = 0
-        ready = ready + 1 if status == 200 else 0
-        if status != 200:
-            time.sleep(0.2)
+    wait_until_serving(proc, server, log)
     yield server
     stop(proc)
 
