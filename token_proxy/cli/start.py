@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import socket
 import subprocess
 import sys
@@ -71,13 +70,10 @@ def simulator_process(settings: Settings):
         cmd += ["--tokenizer", settings.tokenizer]
     log.warning("no --backend given: starting the built-in SGLang simulator on 127.0.0.1:%d. ITS TOKENS COME FROM "
                 "NO MODEL: never train on them (pass --backend http://HOST:30000 for SGLang)", port)
-    # The child starts with SIGINT ignored (an ignored signal stays ignored across exec, and Python then leaves
-    # it so): a terminal's Ctrl-C reaches the proxy alone, which stops the child with SIGTERM, no traceback.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        proc = subprocess.Popen(cmd)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # The child runs in a session of its own, so a terminal's Ctrl-C (sent to the foreground process group)
+    # reaches the proxy alone, which stops the child with SIGTERM, no traceback. (Ignoring SIGINT in the proxy
+    # around the fork instead lost a Ctrl-C that landed in that window.)
+    proc = subprocess.Popen(cmd, start_new_session=True)
     try:
         _wait_for_health(f"http://127.0.0.1:{port}", proc, deadline_s=180.0)
         yield f"http://127.0.0.1:{port}"
