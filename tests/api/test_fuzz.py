@@ -434,6 +434,7 @@ INEXPRESSIBLE = [
     ("sampling_params.min_tokens", "must be <= "),
     ("messages", "Could not render the chat template"),  # the model's template has rules of its own
     ("input_tokens", "maximum context length"),  # the prompt, once tokenized, longer than the context
+    ("input_tokens", "prompt cannot be empty"),  # the template renders these messages to nothing
     ("max_tokens", "fills the model's maximum context length"),
 ]
 

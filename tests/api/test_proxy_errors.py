@@ -86,6 +86,15 @@ async def test_prompt_longer_than_context_gets_vllms_message(proxy, sim):
     assert sim.app[SIM_STATE].received[-1]["sampling_params"]["max_new_tokens"] == 4096 - 15
 
 
+async def test_a_prompt_that_renders_to_nothing_is_refused_in_vllms_words(proxy, sim):
+    """The built-in template renders no developer turn: no ids at all. vLLM's processor refuses an empty prompt;
+    SGLang would answer "input_ids cannot be empty" (schemathesis' positive-data check found it)."""
+    status, body = await post(proxy, {"messages": [{"role": "developer", "content": "9G"}, {"role": "developer"}],
+                                      "add_generation_prompt": False})
+    assert_error(status, body, 400, "input_tokens", "The decoder prompt cannot be empty")
+    assert len(sim.app[SIM_STATE].received) == 0
+
+
 async def test_prompt_past_sglangs_input_limit_is_refused_in_vllms_words(proxy, sim, hf_tokenizer):
     """SGLang refuses prompts of max_req_input_len (context - 6) tokens or more; so does the proxy."""
     assert len(hf_tokenizer.encode(" hello" * 10)) == 10

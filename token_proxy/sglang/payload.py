@@ -94,6 +94,8 @@ def resolve_max_tokens(sampling: SamplingRequest, prompt_len: int, max_model_len
     context is clamped (finish_reason "length"); only a prompt or a max_tokens that alone
     exceeds the context is the client's error. SGLang refuses prompts past its own
     max_req_input_len (a few tokens under the context): those are refused here, in vLLM's words."""
+    if prompt_len == 0:  # vLLM's processor refuses it in these words; SGLang would answer "input_ids cannot be empty"
+        raise InvalidRequest("The decoder prompt cannot be empty", param="input_tokens")
     if sampling.max_tokens is not None and sampling.max_tokens > max_model_len:
         raise max_tokens_too_large(sampling.max_tokens_param, sampling.max_tokens, max_model_len)
     # SGLang's own limit (max_req_input_len) stands under its context; a --max-model-len under SGLang's is the
