@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import struct
 import threading
 
 import pytest
 from aiohttp import web
 
 from tests.bridge.streams import ReplayChannel, recording
-from token_proxy.bridge.receiver import buckets_of, relay
+from token_proxy.bridge.receiver import buckets_of, relay, shapes_of
 from token_proxy.bridge.server import BridgeSettings, Rank, create_bridge_app
 
 
@@ -31,21 +32,26 @@ class ThreadProcess:
         pass
 
 
-def fake_serve(conn, plan, stem, die_after=None):
+def fake_serve(conn, plan, stem, die_after=None, first_push_shapes=None):
     conn.send(("joined", {"rank": plan.rank, "gpu": plan.gpu}))
+    pushes = 0
     while True:
         message = conn.recv()
         if message[0] != "push":
             return
         channel = ReplayChannel(recording(stem))
         sent = []
+        pushes += 1
+        mangle = first_push_shapes if pushes == 1 else None  # what a trainer's bad step would send
 
-        def hand_on(index, bucket, channel=channel, sent=sent):
+        def hand_on(index, bucket, channel=channel, sent=sent, mangle=mangle):
             if die_after is not None and index == die_after:
                 conn.close()
                 raise SystemExit
-            names = json.dumps([s.name for s in bucket.slots])
-            conn.send(("bucket", index, {g.tp_rank: names for g in plan.serves}, bucket.nbytes, len(bucket.slots)))
+            shapes = [mangle.get(n, (n, s)) for n, s in shapes_of(bucket)] if mangle else shapes_of(bucket)
+            names = json.dumps([n for n, _ in shapes])
+            conn.send(("bucket", index, {g.tp_rank: names for g in plan.serves}, bucket.nbytes, len(bucket.slots),
+                       shapes))
             sent.append(index)
 
         def await_ack(index):
@@ -61,21 +67,38 @@ def fake_serve(conn, plan, stem, die_after=None):
         conn.send(("done", totals))
 
 
-def fake_spawn(stem, die_after=None):
+def fake_spawn(stem, die_after=None, first_push_shapes=None):
     def spawn(plan, spec, env, log_dir, dialect):
         parent, child = multiprocessing.Pipe()
-        thread = threading.Thread(target=fake_serve, args=(child, plan, stem, die_after), daemon=True)
+        thread = threading.Thread(target=fake_serve, args=(child, plan, stem, die_after, first_push_shapes),
+                                  daemon=True)
         thread.start()
         return Rank(plan, ThreadProcess(thread), parent)
     return spawn
 
 
+def write_checkpoint_header(path, tensors):
+    """A safetensors file's header (names, dtypes, shapes) and zeroed data, as SGLang's model directory holds."""
+    header, offset = {}, 0
+    for t in tensors:
+        header[t["name"]] = {"dtype": {"bfloat16": "BF16", "float32": "F32"}[t["dtype"]], "shape": t["shape"],
+                             "data_offsets": [offset, offset + t["nbytes"]]}
+        offset += t["nbytes"]
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(offset))
+
+
 @pytest.fixture
-async def sglang(aiohttp_server):
+async def sglang(aiohttp_server, tmp_path):
+    """SGLang serving a checkpoint with the recordings' tensors (both recordings hold the same names and shapes)."""
     calls, refuse = [], set()
+    write_checkpoint_header(tmp_path / "model.safetensors", recording("vllm_packed").doc["tensors"])
 
     async def server_info(request):
         return web.json_response({"tp_size": 1, "dp_size": 1, "base_gpu_id": 3, "gpu_id_step": 1})
+
+    async def model_info(request):
+        return web.json_response({"model_path": str(tmp_path)})
 
     async def update(request):
         body = await request.json()
@@ -87,13 +110,15 @@ async def sglang(aiohttp_server):
         return web.json_response({"success": True, "message": "Success"})
 
     app = web.Application()
-    app.add_routes([web.get("/server_info", server_info), web.post("/update_weights_from_tensor", update)])
+    app.add_routes([web.get("/server_info", server_info), web.get("/model_info", model_info),
+                    web.post("/update_weights_from_tensor", update)])
     server = await aiohttp_server(app)
     return str(server.make_url("")).rstrip("/"), calls, refuse
 
 
-async def bridge_client(aiohttp_client, url, stem, die_after=None):
-    return await aiohttp_client(create_bridge_app(BridgeSettings((url,)), spawn=fake_spawn(stem, die_after)))
+async def bridge_client(aiohttp_client, url, stem, die_after=None, first_push_shapes=None):
+    spawn = fake_spawn(stem, die_after, first_push_shapes)
+    return await aiohttp_client(create_bridge_app(BridgeSettings((url,)), spawn=spawn))
 
 
 JOIN = {"host": "127.0.0.1", "port": 29501, "world_size": 2, "rank_offset": 1, "ranks": 1, "timeout_s": 5}
@@ -127,6 +152,37 @@ async def test_vllm_packed_push_loads_each_chunk_and_recovers_after_a_refusal(ai
     refuse.clear()
     r = await client.post("/bridge/push", json={**push, "update_info": {}})
     assert (r.status, len(calls)) == (200, 4)  # the next push recovers on the same group
+
+
+Q = "model.layers.0.self_attn.q_proj.weight"  # in prime-rl's bucket 1 (layer 0), vLLM's packed chunk 1
+
+
+@pytest.mark.parametrize(("dialect", "stem", "mangle", "reason"), [
+    ("primerl", "primerl", {Q: ("model.layers.0.self_attn.q_prj.weight", (16, 16))},
+     ("SGLang has no parameter model.layers.0.self_attn.q_prj.weight (SGLang 0.5.17 would drop it with only a log "
+     "warning)")),
+    ("vllm", "vllm_packed", {Q: (Q, (16, 8))},
+     (f"{Q} has shape [16, 8], SGLang's is [16, 16] (SGLang 0.5.17's loader would fail its shape assertion and "
+     "stop)")),
+])
+async def test_a_tensor_sglang_cannot_take_is_refused_before_sglang_then_drained_and_the_next_push_recovers(
+        aiohttp_client, sglang, dialect, stem, mangle, reason):
+    url, calls, _ = sglang
+    client = await bridge_client(aiohttp_client, url, stem, first_push_shapes=mangle)
+    assert (await client.post("/bridge/join", json={**JOIN, "dialect": dialect})).status == 200
+    push = {"dialect": dialect}
+    if dialect == "vllm":
+        push |= {"update_info": recording(stem).doc["update_info"], "packed": True, "buffer_size_bytes": 1024}
+    r = await client.post("/bridge/push", json=push)
+    body = await r.json()
+    assert (r.status, body["ok"]) == (502, False)
+    assert body["errors"] == [{"worker": url, "message": f"{url}: refused by the weight bridge: {reason}"}]
+    assert len(calls) == 1  # bucket 0 loaded; bucket 1 never reached SGLang; the rest was received and dropped
+    assert (await (await client.get("/bridge/info")).json())["joined"] == [1]  # drained: the group is kept
+    calls.clear()
+    r = await client.post("/bridge/push", json=push)
+    assert (r.status, (await r.json())["errors"]) == (200, [])
+    assert [n for c in calls for n in c[0]] == [t["name"] for t in recording(stem).doc["tensors"]]
 
 
 async def test_primerl_push(aiohttp_client, sglang):

@@ -3,7 +3,7 @@ for SGLang (torch, in this process only).
 
 The bridge's control process talks to it over a pipe:
 - → ("push", PushSpec) / ("stop",); ← ("joined", facts) or ("failed", line) once at start;
-- per push ← ("bucket", index, {tp_rank: payload}, nbytes, tensors) and → ("ack", index, ok, message) for each,
+- per push ← ("bucket", index, {tp_rank: payload}, nbytes, tensors, [(name, shape), ...]) and → ("ack", index, ok, message) for each,
   then ← ("done", totals) or ("failed", line).
 
 Double-buffered: bucket k is sent for loading, then bucket k+1 is received from NCCL while SGLang loads k; k's
@@ -37,6 +37,11 @@ class PushTotals:
     nbytes: int = 0
     refused: str = ""
     drained: int = field(default=0)  # buckets received after a refusal and dropped
+
+
+def shapes_of(bucket: Bucket[Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """What the control process checks before SGLang loads the bucket (params.refusal)."""
+    return [(slot.name, slot.shape) for slot in bucket.slots]
 
 
 def buckets_of(spec: PushSpec, channel: Any) -> Iterator[Bucket[Any]]:
@@ -114,7 +119,7 @@ def _push(conn: Any, link: Any, plan: Receiver, uuid: str, spec: PushSpec) -> Pu
     def hand_on(index: int, bucket: Bucket[Any]) -> None:
         named = handoff.named_views(bucket)
         payloads = {g.tp_rank: handoff.ipc_payload(named, uuid) for g in plan.serves}
-        conn.send(("bucket", index, payloads, bucket.nbytes, len(bucket.slots)))
+        conn.send(("bucket", index, payloads, bucket.nbytes, len(bucket.slots), shapes_of(bucket)))
 
     def await_ack(index: int) -> tuple[bool, str]:
         kind, acked, ok, text = conn.recv()

@@ -6,7 +6,8 @@ Routes (JSON; the proxy is the only caller):
   with one receiver per rank (a previous group is dropped first); answers when every rank has joined, or the
   first rank's one-line reason;
 - `POST /bridge/push` {dialect, update_info?, packed?, buffer_size_bytes?, timeout_s?} → receives one push and
-  loads it into SGLang bucket by bucket; answers {ok, buckets, tensors, bytes, seconds, errors: [{worker,
+  loads it into SGLang bucket by bucket, each bucket's names and shapes first checked against the checkpoint SGLang
+  serves (params.py says why: SGLang 0.5.17 drops an unknown name and crashes on a wrong shape); answers {ok, buckets, tensors, bytes, seconds, errors: [{worker,
   message}]} once the stream has ended (after a refusal too: the rest is drained);
 - `POST /bridge/leave` → stops the receivers.
 
@@ -28,7 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from token_proxy.bridge import sglang_load
+from token_proxy.bridge import params, sglang_load
 from token_proxy.bridge.layout import Gpu, LayoutError, Receiver, plan_receivers
 from token_proxy.bridge.nccl import JoinSpec
 from token_proxy.bridge.receiver import PushSpec, serve
@@ -61,6 +62,7 @@ class Bridge:
     ranks: list[Rank] = field(default_factory=list)
     dialect: str = ""
     last_metas: tuple = ()
+    shapes: dict[str, dict[str, tuple[int, ...]] | None] = field(default_factory=dict)  # worker → params.py's table
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     log_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="bridge-nccl-"))
     spawn: Callable[..., Rank] | None = None  # how a receiver starts: _spawn (a process); tests give threads
@@ -263,9 +265,14 @@ async def _load(bridge: Bridge, buckets: Sequence[tuple[Rank, tuple]], timeout_s
     if skip:
         return False, []
     per_worker: dict[str, dict[int, str]] = {}
+    checks: dict[str, str] = {}
     for rank, message in buckets:
         for gpu in rank.plan.serves:
             per_worker.setdefault(gpu.worker, {})[gpu.tp_rank] = message[2][gpu.tp_rank]
+            checks[gpu.worker] = checks.get(gpu.worker) or params.refusal(bridge.shapes.get(gpu.worker), message[5])
+    refusals = [{"worker": url, "message": f"{url}: {why}"} for url, why in checks.items() if why]
+    if refusals:  # SGLang is given nothing of this bucket (on any worker): it would drop or crash on it
+        return False, refusals
     results = await asyncio.gather(*(
         sglang_load.load_bucket(bridge.session, url, [tps[i] for i in sorted(tps)], timeout_s)
         for url, tps in per_worker.items()))
@@ -283,6 +290,10 @@ def create_bridge_app(settings: BridgeSettings, spawn: Callable[..., Rank] | Non
             bridge = Bridge(settings, session, spawn=spawn)
             for url in settings.workers:
                 bridge.gpus += await sglang_load.worker_gpus(session, url)
+                bridge.shapes[url] = params.checkpoint_shapes(await sglang_load.model_path(session, url))
+                if bridge.shapes[url] is None:
+                    log.warning("%s: its model is not a local safetensors checkpoint: received names and shapes are "
+                                "not checked before SGLang loads them", url)
             app[BRIDGE] = bridge
             yield
             await _leave(bridge)

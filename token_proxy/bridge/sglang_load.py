@@ -1,4 +1,4 @@
-"""The bridge's one conversation with SGLang: what it serves (`/server_info`) and one bucket's load
+"""The bridge's one conversation with SGLang: what it serves (`/server_info`, `/model_info`) and one bucket's load
 (`/update_weights_from_tensor`, one payload per TP rank). The session bracket, the version and the flush are the
 proxy's (its fleet rules), not the bridge's."""
 
@@ -19,6 +19,14 @@ async def worker_gpus(session: aiohttp.ClientSession, url: str) -> list[Gpu]:
         raise ValueError(f"{url}: dp_size {dp}: the bridge serves one data-parallel replica per worker")
     base, step = int(info.get("base_gpu_id") or 0), int(info.get("gpu_id_step") or 1)
     return [Gpu(url, rank, base + rank * step) for rank in range(tp)]
+
+
+async def model_path(session: aiohttp.ClientSession, url: str) -> str:
+    """The checkpoint SGLang serves (`/model_info`'s model_path: a local directory, or a hub id); "" if unsaid."""
+    async with session.get(f"{url}/model_info") as r:
+        if r.status != 200:
+            return ""
+        return str((await r.json()).get("model_path") or "")
 
 
 async def load_bucket(session: aiohttp.ClientSession, url: str, payloads: list[str], timeout_s: float,
