@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -54,7 +55,7 @@ import json, sys, time, urllib.request, threading, importlib.util, os
 import torch
 from safetensors.torch import load_file
 sys.path.insert(0, os.getcwd())
-from tests.e2e.bridge_sender import Communicator, post
+from tests.e2e.bridge_sender import Communicator, _capture, post
 mode, proxy, port, model_dir, gib, rounds, packed = sys.argv[1:8]
 torch.cuda.set_device(0)
 base = {}
@@ -89,13 +90,17 @@ else:
     for r in range(int(rounds)):
         t0 = time.perf_counter()
         post(proxy, "/start_weight_update")
-        rpc = threading.Thread(target=post, args=(proxy, "/update_weights", {"update_info": info})); rpc.start()
+        errors = []
+        rpc = threading.Thread(target=_capture, args=(errors, post, proxy, "/update_weights", {"update_info": info}))
+        rpc.start()
         if spec is not None:
             pt.packed_nccl_broadcast_producer(iter(pairs), comm, 0, lambda item: item[1], int(packed), 2)
         else:
             for _, t in pairs:
                 comm.broadcast(t)
         torch.cuda.synchronize(); rpc.join()
+        if errors:
+            raise errors[0]
         post(proxy, "/finish_weight_update", {"weight_version": f"g{r}"})
         times.append(time.perf_counter() - t0)
 print(json.dumps({"mode": mode, "bytes": total, "tensors": len(pairs), "seconds": times}))
@@ -106,7 +111,7 @@ def trainer(mode: str, proxy: str, args, env: dict) -> dict:
     model_dir = json.load(urllib.request.urlopen(f"{args.sglang}/model_info"))["model_path"]
     packed = str(args.packed_bytes) if (mode == "bridge" and env.get("VLLM_SRC")) else "0"
     out = subprocess.run([sys.executable, "-c", TRAINER, mode, proxy, str(free_port()), model_dir, str(args.gib),
-                          str(args.rounds), packed], env=env, capture_output=True, text=True, timeout=500, check=False)
+                          str(args.rounds), packed], env=env, capture_output=True, text=True, timeout=200, check=False)
     if out.returncode != 0:
         raise SystemExit(f"{mode} trainer failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -141,16 +146,42 @@ def main() -> None:
     finally:
         for proc in procs:
             proc.terminate()
-    gib = results["bridge"]["bytes"] / (1 << 30)
-    print(f"| path | GiB | tensors | push s (median of {args.rounds}) | each | GiB/s |")
-    print("|---|---|---|---|---|---|")
-    for mode, r in results.items():
-        med = statistics.median(r["seconds"])
-        print(f"| {mode} | {gib:.2f} | {r['tensors']} | {med:.3f} | {', '.join(f'{s:.3f}' for s in r['seconds'])} "
-              f"| {gib / med:.2f} |")
-    ratio = statistics.median(results["bridge"]["seconds"]) / statistics.median(results["broadcast"]["seconds"])
-    print(f"\nbridge / broadcast: {ratio:.2f}x (goal <= 1.25x); the bridge's per-push split is in {args.logs}/bridge.log")
+    print(report(results, args.rounds, Path(args.logs, "bridge.log").read_text()))
 
+
+# server.push's log line, one per push: the bridge's own seconds and the part spent waiting for SGLang's loads
+PUSH_LINE = re.compile(r"push \(\w+\): (\d+) bucket\(s\), (\d+) tensor\(s\), ([\d.]+) GiB in ([\d.]+) s, "
+                       r"of which ([\d.]+) s waiting")
+
+
+def report(results: dict, rounds: int, bridge_log: str) -> str:
+    """The markdown for bench/RESULTS.md: push time per path, the ratio, and where the bridge's push goes."""
+    gib = results["bridge"]["bytes"] / (1 << 30)
+    med = {mode: statistics.median(r["seconds"]) for mode, r in results.items()}
+    names = {"broadcast": "token_proxy.broadcast (SGLang's own NCCL receiver)",
+             "bridge": "weight bridge (vLLM sender → bridge → CUDA IPC → SGLang)"}
+    lines = [f"| path | GiB | tensors | push s (median of {rounds}) | each | GiB/s | × broadcast |",
+             "|---|---|---|---|---|---|---|"]
+    for mode, r in results.items():
+        lines.append(f"| {names[mode]} | {gib:.2f} | {r['tensors']} | {med[mode]:.3f} | "
+                     f"{', '.join(f'{s:.3f}' for s in r['seconds'])} | {gib / med[mode]:.2f} | "
+                     f"{med[mode] / med['broadcast']:.2f} |")
+    lines.append(f"\nbridge / SGLang's own receiver: {med['bridge'] / med['broadcast']:.2f}x (goal <= 1.25x)")
+    pushes = [tuple(map(float, m.groups())) for m in PUSH_LINE.finditer(bridge_log)][-rounds:]
+    if len(pushes) == rounds:
+        inside = statistics.median(p[3] for p in pushes)
+        loads = statistics.median(p[4] for p in pushes)
+        lines += ["", f"Where the bridge's push goes (medians; {int(pushes[0][0])} bucket(s) a push):", "",
+                  "| part | s | share of the push |", "|---|---|---|",
+                  (f"| NCCL receive + IPC hand-off, not waiting on SGLang (bridge) | {inside - loads:.3f} | "
+                  f"{(inside - loads) / med['bridge']:.0%} |"),
+                  (f"| waiting for SGLang's loads (/update_weights_from_tensor; the next receive overlaps) | "
+                  f"{loads:.3f} | {loads / med['bridge']:.0%} |"),
+                  (f"| the proxy and HTTP (start/update/finish: session, version, flush) | "
+                  f"{med['bridge'] - inside:.3f} | {(med['bridge'] - inside) / med['bridge']:.0%} |")]
+    else:
+        lines.append(f"\n(the bridge's log has {len(pushes)} push line(s), not {rounds}: no split)")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

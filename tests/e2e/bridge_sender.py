@@ -149,7 +149,22 @@ def checkpoint(model_dir: str, step: int) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def primerl_push(comm: Communicator, tensors: dict, framing) -> None:
+BAD_TENSOR = "model.layers.0.mlp.down_proj.weight"  # in prime-rl's layer-0 chunk (the second of the stream)
+
+
+def spoil(tensors: dict, how: str) -> dict:
+    """A trainer's bad step (the refused-name drill): one tensor under a name SGLang has no parameter for, or
+    flattened to a shape SGLang's parameter does not have."""
+    tensors = dict(tensors)
+    bad = tensors.pop(BAD_TENSOR)
+    if how == "name":
+        tensors[BAD_TENSOR.replace("down_proj", "down_prj")] = bad
+    else:
+        tensors[BAD_TENSOR] = bad.reshape(-1)
+    return tensors
+
+
+def primerl_push(comm: Communicator, tensors: dict, framing, pause_s: float = 0.0) -> None:
     prefix = "model.layers."
     layers = 1 + max(int(k[len(prefix):].split(".")[0]) for k in tensors if k.startswith(prefix))
     if framing is None:
@@ -157,6 +172,10 @@ def primerl_push(comm: Communicator, tensors: dict, framing) -> None:
     framing.broadcast_integer(layers + 1, comm)
     for _layer, part in framing.filter_state_dict_by_layers(tensors, layers, prefix):
         framing.broadcast_state_dict(part, comm)
+        if pause_s:  # the kill drill: a slow trainer, so that the bridge dies between two chunks of one push
+            torch.cuda.synchronize()
+            print(json.dumps({"chunk_sent": sorted(part)[:1]}), flush=True)
+            time.sleep(pause_s)
     torch.cuda.synchronize()
 
 
@@ -198,6 +217,9 @@ def main() -> None:
     p.add_argument("steps_dir")
     p.add_argument("--packed-bytes", type=int, default=0, help="vLLM packed with this buffer; 0: unpacked")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--bad-step", type=int, default=0, help="this step sends one tensor spoiled as --bad says")
+    p.add_argument("--bad", choices=["name", "shape"], default="name")
+    p.add_argument("--pause-between-s", type=float, default=0.0, help="prime-rl: sleep after each chunk")
     args = p.parse_args()
     torch.cuda.set_device(0)
     init_errors: list = []
@@ -219,13 +241,15 @@ def main() -> None:
     framing = primerl_framing() if args.dialect == "primerl" else vllm_framing()
     for step in range(1, args.steps + 1):
         tensors = checkpoint(args.model_dir, step)
+        if step == args.bad_step:
+            tensors = spoil(tensors, args.bad)
         step_dir = Path(args.steps_dir) / f"step_{step}"
         t0 = time.perf_counter()
         if args.dialect == "primerl":  # the orchestrator paused and touched NCCL_READY; the trainer waits for it
             ready = step_dir / "NCCL_READY"
             while not ready.exists():
                 time.sleep(0.05)
-            primerl_push(comm, tensors, framing)
+            primerl_push(comm, tensors, framing, args.pause_between_s)
         else:
             vllm_push(args.proxy, comm, tensors, args.packed_bytes, f"v{step}", framing)
         print(json.dumps({"step": step, "pushed_s": round(time.perf_counter() - t0, 3),

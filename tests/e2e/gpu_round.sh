@@ -21,7 +21,8 @@
 #                 bench/fleet_round.py's phases under rollout load -> $OUT/fleet.md, fleet.json (fleet_round.sh)
 #   bridge        plain server on GPU 0: tests/e2e/test_live_bridge.py (issue 38): the IPC hand-off on one GPU; with
 #                 E2E_TRAINER_GPU=1 (two GPUs) the trainer's pushes through proxy + bridge in both dialects, under
-#                 rollouts, default and socket transports, then the drills (~6 min). Also expects, from the dev machine
+#                 rollouts, default and socket transports, then the drills (BRIDGE_K=pushes|drills splits it in
+#                 two calls; each starts SGLang if it is down). Also expects, from the dev machine
 #                 (tests/bridge/record_streams.py's docstring): .gpu/primerl/prime_rl/... (prime-rl@559b447's
 #                 transports/weights/nccl.py and trainer/conversion_utils.py) and .gpu/vllm033/vllm/distributed/
 #                 weight_transfer/packed_tensor.py (vllm 0.33.0): the senders' own framing code
@@ -80,11 +81,16 @@ case "$mode" in
     SGLANG_URL=http://127.0.0.1:30000 timeout 480 python3 -m pytest -q $what -m gpu -p no:cacheprovider -rs 2>&1 \
       | tee "$OUT/$mode.log" | tail -40 ;;
   bridge)
+    # BRIDGE_K selects tests (pytest -k), so that the round fits two calls: "pushes" the hand-off and the trainer's
+    # pushes, "drills" the failure drills; unset: all (~8 min: only on a warm machine, SGLang already up)
+    case "${BRIDGE_K:-}" in
+      pushes) k="handoff or pushes_through" ;; drills) k="mismatched or refused or killed" ;; *) k="${BRIDGE_K:-}" ;;
+    esac
     PRIMERL_SRC=$PWD/.gpu/primerl VLLM_SRC=$PWD/.gpu/vllm033 E2E_TRAINER_GPU=${E2E_TRAINER_GPU:-} \
-      SGLANG_URL=http://127.0.0.1:30000 timeout 540 python3 -m pytest -q -x tests/e2e/test_live_bridge.py -m gpu \
-      -p no:cacheprovider -rs -s 2>&1 | tee "$OUT/bridge.log" | tail -80 ;;
+      SGLANG_URL=http://127.0.0.1:30000 timeout "${BRIDGE_LIMIT:-420}" python3 -m pytest -q tests/e2e/test_live_bridge.py \
+      -m gpu -k "$k" -p no:cacheprovider -rs -s --durations=0 2>&1 | tee "$OUT/bridge-${BRIDGE_K:-all}.log" | tail -80 ;;
   bench-bridge)
-    timeout 540 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \
+    timeout 420 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \
       --gib "${BRIDGE_GIB:-1}" --rounds 3 2>&1 | tee "$OUT/bridge-bench.md" | tail -40 ;;
   bench-*)
     stream=${mode#bench-}

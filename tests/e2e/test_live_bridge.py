@@ -75,14 +75,16 @@ def run_handoff(url: str, model_path: str, mode: str) -> subprocess.CompletedPro
                           timeout=180, check=False)
 
 
-def children(pid: int) -> list[int]:
+def receivers(pid: int) -> list[int]:
+    """The bridge's receiver processes: its children started by multiprocessing's spawn (not its resource tracker)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(fields[1]) == pid and b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
             found.append(int(stat.parent.name))
     return found
 
@@ -134,11 +136,11 @@ class Bridge:
 
 
 def sender(dialect: str, proxy_url: str, model_dir: str, steps_dir: str, env: dict, packed: int = 0,
-           steps: int = 2) -> subprocess.Popen:
+           steps: int = 2, extra: tuple[str, ...] = ()) -> subprocess.Popen:
     full = {**os.environ, **env, "CUDA_VISIBLE_DEVICES": TRAINER_GPU, "NCCL_NVLS_ENABLE": "0"}
     full.pop("NCCL_CUMEM_ENABLE", None)  # a stock trainer: NCCL's default
     args = [sys.executable, "tests/e2e/bridge_sender.py", dialect, proxy_url, str(free_port()), model_dir, steps_dir,
-            "--packed-bytes", str(packed), "--steps", str(steps)]
+            "--packed-bytes", str(packed), "--steps", str(steps), *extra]
     return subprocess.Popen(args, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -218,26 +220,86 @@ async def test_mismatched_nccl_environment_is_one_clear_error(live_proxy, sglang
         print(bridge.stop()[-3000:])
 
 
+async def primerl_step(proxy, steps_dir: Path, step: int) -> tuple[int, dict]:
+    """The prime-rl orchestrator's step through the proxy: /pause, NCCL_READY, /update_weights (not /resume)."""
+    print("pause:", await post(proxy, "/pause"))  # a second pause while held is SGLang's to answer; not the point
+    (steps_dir / f"step_{step}").mkdir()
+    (steps_dir / f"step_{step}" / "NCCL_READY").touch()
+    return await post(proxy, "/update_weights", {"weight_dir": str(steps_dir / f"step_{step}")})
+
+
 @needs_two
-async def test_bridge_killed_mid_push(live_proxy, sglang, model_path, tmp_path):
-    """The receiver process killed during a push: the proxy answers an error naming the bridge, the fleet is held;
-    the trainer is left in NCCL (nothing can end a peer's collective: killed here), a new init recovers."""
+@pytest.mark.parametrize("bad", ["name", "shape"])
+async def test_a_tensor_sglang_cannot_take_is_refused_drained_held_and_the_next_push_recovers(
+        live_proxy, sglang, model_path, tmp_path, bad):
+    """Step 1 sends model.layers.0.mlp.down_proj.weight misnamed (SGLang 0.5.17 would drop it with a warning) or
+    flattened (its loader would assert and stop the server): the bridge refuses that bucket before SGLang sees it,
+    drains the rest so the trainer's broadcasts complete, the proxy answers the orchestrator an error naming the
+    worker and the reason and holds the fleet; step 2 (the checkpoint's own values) lands on the same group."""
     bridge = Bridge(sglang.url, {})
     try:
         proxy = await live_proxy(weight_bridges=(bridge.url,), check_local_paths=False)
         url = str(proxy.make_url("")).rstrip("/")
-        trainer = sender("primerl", url, model_path, str(tmp_path), {}, steps=1)
+        before, sums = await fresh_greedy(proxy), await checksum(proxy)
+        trainer = sender("primerl", url, model_path, str(tmp_path), {}, extra=("--bad-step", "1", "--bad", bad))
         await wait_line(trainer, "joined_s")
-        assert (await post(proxy, "/pause"))[0] == 200
-        (tmp_path / "step_1").mkdir()
-        (tmp_path / "step_1" / "NCCL_READY").touch()
-        pushing = asyncio.ensure_future(post(proxy, "/update_weights", {"weight_dir": str(tmp_path / "step_1")}))
-        await asyncio.sleep(0.05)
-        for pid in children(bridge.proc.pid):  # the receiver (and multiprocessing's resource tracker)
+        status, reply = await primerl_step(proxy, tmp_path, 1)
+        print(status, reply)
+        message = reply["error"]["message"]
+        assert status == 400, reply
+        assert f"{sglang.url}: refused by the weight bridge" in message
+        assert ("model.layers.0.mlp.down_prj.weight" if bad == "name" else "down_proj.weight has shape") in message
+        assert (await wait_line(trainer, "step"))["step"] == 1  # the trainer's broadcasts completed: drained
+        assert (await post(proxy, "/resume"))[0] == 409  # held
+        assert (await sglang.get("/health"))[0] == 200
+        status, reply = await primerl_step(proxy, tmp_path, 2)
+        assert (status, reply) == (200, {"status": "ok", "weight_version": "2"}), reply
+        assert await post(proxy, "/resume") == (200, {"status": "resumed"})
+        assert (await wait_line(trainer, "step"))["step"] == 2
+        assert trainer.wait(60) == 0
+        assert await checksum(proxy) == sums
+        restored = await fresh_greedy(proxy)
+        assert (restored["token_ids"], logprobs_of(restored)) == (before["token_ids"], logprobs_of(before))
+    finally:
+        print(bridge.stop()[-2000:])
+
+
+@needs_two
+async def test_bridge_killed_mid_push(live_proxy, sglang, model_path, tmp_path):
+    """The receiver killed between two chunks of one push (the trainer sleeps 3 s after each): the proxy answers the
+    orchestrator 503 naming the dead rank and holds the fleet; the trainer is left in NCCL (nothing can end a peer's
+    collective: killed here); the trainer's restart (a new init) and its next push recover, values exact."""
+    bridge = Bridge(sglang.url, {})
+    try:
+        proxy = await live_proxy(weight_bridges=(bridge.url,), check_local_paths=False)
+        url = str(proxy.make_url("")).rstrip("/")
+        before, sums = await fresh_greedy(proxy), await checksum(proxy)
+        trainer = sender("primerl", url, model_path, str(tmp_path), {}, steps=1, extra=("--pause-between-s", "3"))
+        await wait_line(trainer, "joined_s")
+        pushing = asyncio.ensure_future(primerl_step(proxy, tmp_path, 1))
+        print(await wait_line(trainer, "chunk_sent", 60))  # the first chunk is out; the trainer sleeps 3 s
+        killed = receivers(bridge.proc.pid)
+        assert len(killed) == 1, killed
+        for pid in killed:
             os.kill(pid, signal.SIGKILL)
         status, reply = await asyncio.wait_for(pushing, 120)
         print(status, reply)
-        assert status >= 500 or reply.get("status") == "ok"  # a push that already landed is fine too
+        assert status == 503, reply
+        assert "died" in reply["error"]["message"] or "did not answer" in reply["error"]["message"], reply
+        assert (await post(proxy, "/resume"))[0] == 409  # held
         trainer.kill()
+        trainer.wait(30)
+        restart = sender("primerl", url, model_path, str(tmp_path / "restart"), {}, steps=2)
+        (tmp_path / "restart").mkdir()
+        await wait_line(restart, "joined_s")
+        for step in (1, 2):  # perturbed, then the checkpoint's own values
+            status, reply = await primerl_step(proxy, tmp_path / "restart", step)
+            assert (status, reply) == (200, {"status": "ok", "weight_version": str(step)}), reply
+            await wait_line(restart, "step")
+        assert await post(proxy, "/resume") == (200, {"status": "resumed"})
+        assert restart.wait(60) == 0
+        assert await checksum(proxy) == sums
+        restored = await fresh_greedy(proxy)
+        assert (restored["token_ids"], logprobs_of(restored)) == (before["token_ids"], logprobs_of(before))
     finally:
         print(bridge.stop()[-2000:])
