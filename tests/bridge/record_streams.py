@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import pickle
 import sys
@@ -38,20 +37,8 @@ from pathlib import Path
 
 import torch
 
-
-def load(name: str, path: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def stub(name: str, **attrs) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__dict__.update(attrs)
-    sys.modules[name] = module
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's tests package
+from tests.bridge.upstream import load, stub, stub_primerl_imports
 
 
 class _Stream:
@@ -231,22 +218,7 @@ class _Client:
 
 
 def record_primerl(root: Path, out: Path) -> None:
-    for name in ("prime_rl", "prime_rl.configs", "prime_rl.trainer", "prime_rl.utils", "prime_rl.transports",
-                 "prime_rl.transports.weights"):
-        stub(name)
-    stub("vllm.distributed.device_communicators.pynccl", PyNcclCommunicator=object)
-    stub("vllm.distributed.utils", StatelessProcessGroup=object)
-    stub("prime_rl.configs.trainer", NCCLWeightBroadcastConfig=object)
-    stub("prime_rl.trainer.models", PreTrainedModelPrimeRL=type("PreTrainedModelPrimeRL", (), {}))
-    stub("prime_rl.trainer.utils", get_world=None)
-    stub("prime_rl.transports.weights.base", WeightBroadcast=object)
-    stub("prime_rl.utils.client", NCCL_READY_MARKER="NCCL_READY")
-    stub("prime_rl.utils.logger", get_logger=None)
-    stub("prime_rl.utils.nccl", disable_nccl_p2p_if_unavailable=None)
-    stub("prime_rl.utils.pathing", sync_wait_for_path=None)
-    stub("prime_rl.utils.utils", get_broadcast_dir=None, get_step_path=None)
-    stub("prime_rl.utils.vlm", get_layer_prefix=None)
-    stub("vllm.logger", init_logger=lambda name: __import__("logging").getLogger(name))
+    stub_primerl_imports()
     load("prime_rl.trainer.conversion_utils", root / "prime_rl/trainer/conversion_utils.py")
     nccl = load("prime_rl.transports.weights.nccl", root / "prime_rl/transports/weights/nccl.py")
 

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import os
 import pickle
 import sys
 import threading
 import time
-import types
 import urllib.request
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from tests.bridge import upstream
 from token_proxy.bridge.libnccl import NCCL_DTYPES, SUM, Nccl, wire_type
 
 
@@ -58,12 +57,7 @@ class Communicator:
     """Rank 0 of the trainer's group, as PyNcclCommunicator opens it (over the same ctypes calls)."""
 
     def __init__(self, port: int, world_size: int, timeout_s: float):
-        name = _VllmUniqueId.__module__
-        for i in range(1, name.count(".") + 1):  # pickle imports the top package too (vllm itself is not here)
-            sys.modules.setdefault(".".join(name.split(".")[:i]), types.ModuleType(".".join(name.split(".")[:i])))
-        mod = types.ModuleType(name)
-        mod.ncclUniqueId = _VllmUniqueId
-        sys.modules[name] = mod  # so pickle finds the class by vLLM's name
+        upstream.stub(_VllmUniqueId.__module__, ncclUniqueId=_VllmUniqueId)  # pickle finds it by vLLM's name
         self.nccl = Nccl()
         print(json.dumps({"nccl": self.nccl.version(), "nccl_so": self.nccl.path, "found_by": self.nccl.found_by,
                           "torch_nccl": ".".join(map(str, torch.cuda.nccl.version()))}), file=sys.stderr, flush=True)
@@ -91,42 +85,19 @@ class Communicator:
         self.nccl.broadcast(tensor.data_ptr(), tensor.data_ptr(), count, code, 0, self.comm, stream.cuda_stream)
 
 
-def load_source(name: str, path: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def primerl_framing():
     root = os.environ.get("PRIMERL_SRC")
     if not root:
         return None
-    stubs = {"vllm.distributed.device_communicators.pynccl": {"PyNcclCommunicator": object},
-             "vllm.distributed.utils": {"StatelessProcessGroup": object},
-             "prime_rl.configs.trainer": {"NCCLWeightBroadcastConfig": object},
-             "prime_rl.trainer.conversion_utils": {"get_max_layer_num": None},
-             "prime_rl.trainer.models": {"PreTrainedModelPrimeRL": type("P", (), {})},
-             "prime_rl.trainer.utils": {"get_world": None}, "prime_rl.transports.weights.base": {"WeightBroadcast": object},
-             "prime_rl.utils.client": {"NCCL_READY_MARKER": "NCCL_READY"}, "prime_rl.utils.logger": {"get_logger": None},
-             "prime_rl.utils.nccl": {"disable_nccl_p2p_if_unavailable": None},
-             "prime_rl.utils.pathing": {"sync_wait_for_path": None},
-             "prime_rl.utils.utils": {"get_broadcast_dir": None, "get_step_path": None},
-             "prime_rl.utils.vlm": {"get_layer_prefix": None}}
-    for name, attrs in stubs.items():
-        for i in range(1, name.count(".") + 1):
-            sys.modules.setdefault(".".join(name.split(".")[:i]), types.ModuleType(".".join(name.split(".")[:i])))
-        sys.modules[name] = types.ModuleType(name)
-        sys.modules[name].__dict__.update(attrs)
-    return load_source("prime_rl.transports.weights.nccl", Path(root) / "prime_rl/transports/weights/nccl.py")
+    upstream.stub_primerl_imports()
+    return upstream.load("prime_rl.transports.weights.nccl", Path(root) / "prime_rl/transports/weights/nccl.py")
 
 
 def vllm_framing():
     root = os.environ.get("VLLM_SRC")
     if not root:
         return None
-    return load_source("vllm_packed_tensor", Path(root) / "vllm/distributed/weight_transfer/packed_tensor.py")
+    return upstream.load("vllm_packed_tensor", Path(root) / "vllm/distributed/weight_transfer/packed_tensor.py")
 
 
 def post(url: str, path: str, body: dict | None = None, timeout: float = 720) -> dict:
