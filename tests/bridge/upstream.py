@@ -67,7 +67,15 @@ def enter_vllm(root: str) -> None:
     """Make `import vllm.distributed.weight_transfer.nccl_engine` load vLLM 0.33's own files from `root` (the
     wheel's .py files and its dist-info, .gpu/vllm033py): every module the trainer engine imports is vLLM's,
     unmodified; ours are the bare packages above and a stand-in for `vllm._C_stable_libtorch`, the compiled
-    custom ops `vllm.platforms.cuda` imports at its top to register them (the trainer path calls none)."""
+    custom ops `vllm.platforms.cuda` imports at its top to register them (the trainer path calls none).
+    vllm/__init__.py is not run either (its env_override patches torch inductor; it sets no NCCL variable).
+
+    Built on the dev machine (1 MB; the files the engine imports, checked on CPU with torch 2.13):
+        pip download --no-deps vllm==0.33.0 -d /tmp/w && cd /tmp/x && unzip -q /tmp/w/vllm-0.33.0-*.whl \
+          'vllm/*.py' 'vllm-0.33.0.dist-info/METADATA' && tar cJf .../.gpu/vllm033py.tar.xz vllm-0.33.0.dist-info \
+          vllm/*.py vllm/{config,distributed,platforms,utils,logging_utils,ray,plugins} vllm/third_party/*.py \
+          vllm/v1/__init__.py vllm/v1/attention/__init__.py vllm/v1/attention/backends/{__init__,registry}.py
+    """
     sys.path.insert(0, root)  # also where importlib.metadata finds vllm's version (its platform detection asks)
     for name in VLLM_BARE_PACKAGES:
         module = types.ModuleType(name)

@@ -3,7 +3,11 @@ or prime-rl trainer does and pushes a checkpoint's tensors in either dialect.
 
     python tests/e2e/bridge_sender.py DIALECT PROXY_URL PORT MODEL_DIR STEPS_DIR [--packed-bytes N]
 
-What is upstream's and what is a stand-in:
+Dialect vllm-engine is vLLM 0.33's own trainer engine, unmodified (NCCLTrainerWeightTransferEngine with its
+HTTPVLLMWeightSyncClient, its StatelessProcessGroup and PyNcclCommunicator), loaded from VLLM_ENGINE_SRC (the
+wheel's .py files: .gpu/vllm033py.tar.xz, unpacked by gpu_round.sh); vllm_engine_trainer says what is ours. The
+rest of this script is the fallback for when that source is absent. For primerl and vllm,
+what is upstream's and what is a stand-in:
 - the framing is upstream's own code when its source is given: PRIMERL_SRC (a directory holding prime_rl/ at
   @559b447; its transports/weights/nccl.py's broadcast_integer / broadcast_state_dict / filter_state_dict_by_layers)
   and VLLM_SRC (a directory holding vllm/distributed/weight_transfer/packed_tensor.py from vllm 0.33.0:
@@ -172,6 +176,49 @@ def vllm_push(url: str, comm: Communicator, tensors: dict, packed_bytes: int, ve
     post(url, "/finish_weight_update", {"weight_version": version})
 
 
+def vllm_engine_trainer(args) -> None:
+    """vLLM 0.33's own trainer engine, unmodified (VLLM_ENGINE_SRC: the wheel's .py files, .gpu/vllm033py):
+    NCCLTrainerWeightTransferEngine.trainer_init with vLLM's HTTP client pointed at the proxy, then send_weights()
+    per step; the only code of ours is the WeightSource (the trainer's weights: a checkpoint's tensors, perturbed
+    on odd steps), which vLLM leaves to the trainer, and tests/bridge/upstream.py's entry into vLLM's files."""
+    upstream.enter_vllm(os.environ["VLLM_ENGINE_SRC"])
+    import functools
+
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        NCCLTrainerInitInfo,
+        NCCLTrainerWeightTransferEngine,
+    )
+
+    class Checkpoint(WeightSource):
+        def __init__(self, tensors: dict):
+            self.tensors = tensors
+
+        @functools.cached_property
+        def metadata(self) -> list:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
+
+        def iter_full(self):
+            yield from self.tensors.items()
+
+    source = Checkpoint(checkpoint(args.model_dir, 1))
+    init = NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=args.port, world_size=2,
+                               packed=bool(args.packed_bytes), packed_buffer_size_bytes=args.packed_bytes or (1 << 30),
+                               packed_num_buffers=2, rank=0)
+    t0 = time.perf_counter()
+    engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=HTTPVLLMWeightSyncClient(args.proxy, 720),
+                                                          source=source)
+    print(json.dumps({"joined_s": round(time.perf_counter() - t0, 3), "engine": "vllm==0.33.0",
+                      "nccl": engine.model_update_group.nccl.ncclGetVersion()}), flush=True)
+    for step in range(1, args.steps + 1):
+        source.tensors = checkpoint(args.model_dir, step)  # same names and shapes: vLLM sends the metadata once
+        t0 = time.perf_counter()
+        engine.send_weights()
+        print(json.dumps({"step": step, "pushed_s": round(time.perf_counter() - t0, 3),
+                          "bytes": sum(t.numel() * t.element_size() for t in source.tensors.values())}), flush=True)
+
+
 def _capture(errors: list, fn, *args) -> None:
     try:
         fn(*args)
@@ -181,7 +228,7 @@ def _capture(errors: list, fn, *args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("dialect", choices=["primerl", "vllm"])
+    p.add_argument("dialect", choices=["primerl", "vllm", "vllm-engine"])
     p.add_argument("proxy")
     p.add_argument("port", type=int)
     p.add_argument("model_dir")
@@ -193,6 +240,9 @@ def main() -> None:
     p.add_argument("--pause-between-s", type=float, default=0.0, help="prime-rl: sleep after each chunk")
     args = p.parse_args()
     torch.cuda.set_device(0)
+    if args.dialect == "vllm-engine":
+        vllm_engine_trainer(args)
+        return
     init_errors: list = []
     if args.dialect == "primerl":  # the orchestrator's init, while the trainer opens its group
         body = {"host": "127.0.0.1", "port": args.port, "rank_offset": 0, "inference_world_size": 1, "timeout": 300}

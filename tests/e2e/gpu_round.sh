@@ -21,11 +21,13 @@
 #                 bench/fleet_round.py's phases under rollout load -> $OUT/fleet.md, fleet.json (fleet_round.sh)
 #   bridge        plain server on GPU 0: tests/e2e/test_live_bridge.py (issue 38): the IPC hand-off on one GPU; with
 #                 E2E_TRAINER_GPU=1 (two GPUs) the trainer's pushes through proxy + bridge in both dialects, under
-#                 rollouts, default and socket transports, then the drills (BRIDGE_K=pushes|drills splits it in
-#                 two calls; each starts SGLang if it is down). Also expects, from the dev machine
+#                 rollouts, default and socket transports, then the drills (BRIDGE_K=pushes|engine|drills splits
+#                 it in three calls; each starts SGLang if it is down). Also expects, from the dev machine
 #                 (tests/bridge/record_streams.py's docstring): .gpu/primerl/prime_rl/... (prime-rl@559b447's
 #                 transports/weights/nccl.py and trainer/conversion_utils.py) and .gpu/vllm033/vllm/distributed/
-#                 weight_transfer/packed_tensor.py (vllm 0.33.0): the senders' own framing code
+#                 weight_transfer/packed_tensor.py (vllm 0.33.0): the senders' own framing code; and for the
+#                 engine cases .gpu/vllm033py.tar.xz (vllm 0.33.0's .py files the trainer engine imports, and its
+#                 dist-info METADATA: 1 MB; see tests/bridge/upstream.py)
 #   bench-bridge  plain server on GPU 0, trainer on GPU 1: bench/bench_bridge.py (>= 1 GiB through the bridge and
 #                 through token_proxy.broadcast, side by side) -> $OUT/bridge-bench.md
 #   rhythm        plain server: bench/chaos.py --rhythm, 24 bursts of 256 chats (6,144) through one proxy
@@ -84,9 +86,15 @@ case "$mode" in
     # BRIDGE_K selects tests (pytest -k), so that the round fits two calls: "pushes" the hand-off and the trainer's
     # pushes, "drills" the failure drills; unset: all (~8 min: only on a warm machine, SGLang already up)
     case "${BRIDGE_K:-}" in
-      pushes) k="handoff or pushes_through" ;; drills) k="mismatched or refused or killed" ;; *) k="${BRIDGE_K:-}" ;;
+      pushes) k="handoff or (pushes_through and not engine)" ;; engine) k="pushes_through and engine" ;;
+      drills) k="mismatched or refused or killed" ;; *) k="${BRIDGE_K:-}" ;;
     esac
-    PRIMERL_SRC=$PWD/.gpu/primerl VLLM_SRC=$PWD/.gpu/vllm033 E2E_TRAINER_GPU=${E2E_TRAINER_GPU:-} \
+    # vLLM 0.33's own trainer engine: the wheel's .py files (tests/bridge/upstream.py's enter_vllm says what is ours)
+    if [ -f .gpu/vllm033py.tar.xz ] && [ ! -f .gpu/vllm033py/.done ]; then
+      mkdir -p .gpu/vllm033py && tar xJf .gpu/vllm033py.tar.xz -C .gpu/vllm033py && touch .gpu/vllm033py/.done
+    fi
+    PRIMERL_SRC=$PWD/.gpu/primerl VLLM_SRC=$PWD/.gpu/vllm033 VLLM_ENGINE_SRC=$PWD/.gpu/vllm033py \
+      E2E_TRAINER_GPU=${E2E_TRAINER_GPU:-} \
       SGLANG_URL=http://127.0.0.1:30000 timeout "${BRIDGE_LIMIT:-420}" python3 -m pytest -q tests/e2e/test_live_bridge.py \
       -m gpu -k "$k" -p no:cacheprovider -rs -s --durations=0 2>&1 | tee "$OUT/bridge-${BRIDGE_K:-all}.log" | tail -80 ;;
   bench-bridge)

@@ -157,16 +157,27 @@ async def wait_line(proc: subprocess.Popen, key: str, timeout_s: float = 300) ->
     raise AssertionError(f"no {key} from the trainer within {timeout_s} s")
 
 
+ENGINE_SRC = os.environ.get("VLLM_ENGINE_SRC", "")
+ENGINE = Path(ENGINE_SRC, "vllm/distributed/weight_transfer/nccl_engine.py")
+
+
 @needs_two
 @pytest.mark.parametrize("transport", ["default", "sockets"])
-@pytest.mark.parametrize(("dialect", "packed"), [("primerl", 0), ("vllm", 1 << 20), ("vllm", 0)])
+@pytest.mark.parametrize(("dialect", "packed"), [("primerl", 0), ("vllm", 1 << 20), ("vllm", 0),
+                                                 ("vllm-engine", 1 << 20), ("vllm-engine", 0)])
 async def test_trainer_pushes_through_the_bridge(live_proxy, sglang, model_path, tmp_path, dialect, packed, transport):
+    """primerl and vllm: tests/e2e/bridge_sender.py's trainer (upstream framing, our group opening); vllm-engine:
+    vLLM 0.33's own NCCLTrainerWeightTransferEngine, unmodified, from VLLM_ENGINE_SRC (skipped without it)."""
+    if dialect == "vllm-engine" and not ENGINE.is_file():
+        pytest.skip(f"VLLM_ENGINE_SRC={ENGINE_SRC!r} holds no vLLM 0.33 source (.gpu/vllm033py.tar.xz)")
     env = SOCKETS if transport == "sockets" else {}
     bridge = Bridge(sglang.url, env)
     try:
         proxy = await live_proxy(weight_bridges=(bridge.url,), check_local_paths=False)
         url = str(proxy.make_url("")).rstrip("/")
         before, sums = await fresh_greedy(proxy), await checksum(proxy)
+        _, info = await sglang.get("/model_info")
+        unversioned = info["weight_version"]  # vLLM's engine finishes with no version: SGLang's stays
         trainer = sender(dialect, url, model_path, str(tmp_path), env, packed)
         print(await wait_line(trainer, "joined_s"))
         for step in (1, 2):
@@ -183,7 +194,7 @@ async def test_trainer_pushes_through_the_bridge(live_proxy, sglang, model_path,
             for chunks in await asyncio.gather(*rollouts):  # none lost
                 ids = [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids") or []]
                 assert len(ids) == 200
-            version = str(step) if dialect == "primerl" else f"v{step}"
+            version = {"primerl": str(step), "vllm": f"v{step}"}.get(dialect, unversioned)
             _, info = await sglang.get("/model_info")
             assert info["weight_version"] == version
             if step == 1:
