@@ -289,6 +289,7 @@ async def test_bridge_killed_mid_push(live_proxy, sglang, model_path, tmp_path):
         await wait_line(trainer, "joined_s")
         pushing = asyncio.ensure_future(primerl_step(proxy, tmp_path, 1))
         print(await wait_line(trainer, "chunk_sent", 60))  # the first chunk is out; the trainer sleeps 3 s
+        await asyncio.sleep(1)  # its load into SGLang has ended; the receiver waits in the next chunk's receive
         killed = receivers(bridge.proc.pid)
         assert len(killed) == 1, killed
         for pid in killed:
