@@ -210,7 +210,7 @@ def vllm_engine_trainer(args) -> None:
     engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=HTTPVLLMWeightSyncClient(args.proxy, 720),
                                                           source=source)
     print(json.dumps({"joined_s": round(time.perf_counter() - t0, 3), "engine": "vllm==0.33.0",
-                      "nccl": engine.model_update_group.nccl.ncclGetVersion()}), flush=True)
+                      "nccl": getattr(engine.model_update_group, "nccl_version", None)}), flush=True)
     for step in range(1, args.steps + 1):
         source.tensors = checkpoint(args.model_dir, step)  # same names and shapes: vLLM sends the metadata once
         t0 = time.perf_counter()

@@ -151,8 +151,12 @@ async def wait_line(proc: subprocess.Popen, key: str, timeout_s: float = 300) ->
         line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), deadline - time.monotonic())
         if not line:
             raise AssertionError(f"the trainer exited ({proc.wait()}) before {key}")
-        if line.startswith("{") and key in json.loads(line):
-            return json.loads(line)
+        try:
+            doc = json.loads(line) if line.startswith("{") else None
+        except ValueError:  # a log line that happens to start with a brace (vLLM's logger writes to stdout)
+            doc = None
+        if isinstance(doc, dict) and key in doc:
+            return doc
         print("trainer:", line.rstrip())
     raise AssertionError(f"no {key} from the trainer within {timeout_s} s")
 
