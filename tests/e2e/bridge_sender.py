@@ -213,10 +213,20 @@ def vllm_engine_trainer(args) -> None:
                       "nccl": getattr(engine.model_update_group, "nccl_version", None)}), flush=True)
     for step in range(1, args.steps + 1):
         source.tensors = checkpoint(args.model_dir, step)  # same names and shapes: vLLM sends the metadata once
+        if args.gated:
+            wait_ready(args.steps_dir, step)
         t0 = time.perf_counter()
         engine.send_weights()
         print(json.dumps({"step": step, "pushed_s": round(time.perf_counter() - t0, 3),
                           "bytes": sum(t.numel() * t.element_size() for t in source.tensors.values())}), flush=True)
+
+
+def wait_ready(steps_dir: str, step: int) -> None:
+    """prime-rl's trainer waits for the orchestrator's NCCL_READY in the step's directory; with --gated the vLLM
+    trainers do too (the test's cue, so that each push runs under its rollouts and is checked before the next)."""
+    ready = Path(steps_dir) / f"step_{step}" / "NCCL_READY"
+    while not ready.exists():
+        time.sleep(0.05)
 
 
 def _capture(errors: list, fn, *args) -> None:
@@ -238,6 +248,7 @@ def main() -> None:
     p.add_argument("--bad-step", type=int, default=0, help="this step sends one tensor spoiled as --bad says")
     p.add_argument("--bad", choices=["name", "shape"], default="name")
     p.add_argument("--pause-between-s", type=float, default=0.0, help="prime-rl: sleep after each chunk")
+    p.add_argument("--gated", action="store_true", help="vLLM: each push waits for STEPS_DIR/step_N/NCCL_READY")
     args = p.parse_args()
     torch.cuda.set_device(0)
     if args.dialect == "vllm-engine":
@@ -264,12 +275,10 @@ def main() -> None:
         tensors = checkpoint(args.model_dir, step)
         if step == args.bad_step:
             tensors = spoil(tensors, args.bad)
-        step_dir = Path(args.steps_dir) / f"step_{step}"
+        if args.dialect == "primerl" or args.gated:  # prime-rl: the orchestrator paused and touched NCCL_READY
+            wait_ready(args.steps_dir, step)
         t0 = time.perf_counter()
-        if args.dialect == "primerl":  # the orchestrator paused and touched NCCL_READY; the trainer waits for it
-            ready = step_dir / "NCCL_READY"
-            while not ready.exists():
-                time.sleep(0.05)
+        if args.dialect == "primerl":
             primerl_push(comm, tensors, framing, args.pause_between_s)
         else:
             vllm_push(args.proxy, comm, tensors, args.packed_bytes, f"v{step}", framing)

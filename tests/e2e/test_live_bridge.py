@@ -182,7 +182,7 @@ async def test_trainer_pushes_through_the_bridge(live_proxy, sglang, model_path,
         before, sums = await fresh_greedy(proxy), await checksum(proxy)
         _, info = await sglang.get("/model_info")
         unversioned = info["weight_version"]  # vLLM's engine finishes with no version: SGLang's stays
-        trainer = sender(dialect, url, model_path, str(tmp_path), env, packed)
+        trainer = sender(dialect, url, model_path, str(tmp_path), env, packed, extra=("--gated",))
         print(await wait_line(trainer, "joined_s"))
         for step in (1, 2):
             rollouts = [asyncio.ensure_future(stream(proxy, 200)) for _ in range(8)]
@@ -194,6 +194,9 @@ async def test_trainer_pushes_through_the_bridge(live_proxy, sglang, model_path,
                 status, reply = await post(proxy, "/update_weights", {"weight_dir": str(tmp_path / f"step_{step}")})
                 assert (status, reply) == (200, {"status": "ok", "weight_version": str(step)}), reply
                 assert await post(proxy, "/resume") == (200, {"status": "resumed"})
+            else:  # the vLLM trainer pushes on its own, once cued (bridge_sender --gated)
+                (tmp_path / f"step_{step}").mkdir()
+                (tmp_path / f"step_{step}" / "NCCL_READY").touch()
             print(await wait_line(trainer, "step"))
             for chunks in await asyncio.gather(*rollouts):  # none lost
                 ids = [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids") or []]
