@@ -99,7 +99,7 @@ case "$mode" in
       -m gpu -k "$k" -p no:cacheprovider -rs -s --durations=0 2>&1 | tee "$OUT/bridge-${BRIDGE_K:-all}.log" | tail -80 ;;
   bench-bridge)
     timeout 420 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \
-      --gib "${BRIDGE_GIB:-1}" --rounds 3 2>&1 | tee "$OUT/bridge-bench.md" | tail -40 ;;
+      --gib "${BRIDGE_GIB:-1}" --rounds 3 --logs "$OUT/bench-bridge-logs" 2>&1 | tee "$OUT/bridge-bench.md" | tail -40 ;;
   bench-*)
     stream=${mode#bench-}
     # shellcheck disable=SC2086
