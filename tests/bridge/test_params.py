@@ -30,6 +30,14 @@ def test_a_sharded_checkpoint_is_one_table(tmp_path):
                                                 "lm_head.weight": (64, 16)}
 
 
+@pytest.mark.parametrize(("tied", "head"), [(True, (64, 16)), (False, None)])
+def test_a_tied_models_head_is_taken_as_the_embedding(tmp_path, tied, head):
+    """prime-rl sends its state_dict's lm_head.weight, which a tied checkpoint lacks and SGLang drops harmlessly."""
+    write_header(tmp_path / "model.safetensors", {"model.embed_tokens.weight": [64, 16]})
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
+    assert checkpoint_shapes(str(tmp_path)).get("lm_head.weight") == head
+
+
 @pytest.mark.parametrize("model_path", ["Qwen/Qwen3-0.6B", ""])
 def test_a_model_that_is_no_local_checkpoint_has_no_table_and_nothing_is_refused(model_path):
     assert checkpoint_shapes(model_path) is None

@@ -41,7 +41,22 @@ def checkpoint_shapes(model_dir: str) -> dict[str, tuple[int, ...]] | None:
     table: dict[str, tuple[int, ...]] = {}
     for path in files:
         table.update(safetensors_shapes(path))
+    if TIED_HEAD not in table and TIED_EMBEDDING in table and _tied(Path(model_dir)):
+        # a tied model's checkpoint has no lm_head.weight, but a trainer's state_dict() does (prime-rl sends it);
+        # SGLang's tied model drops it, harmlessly: it holds the embedding's values, which come too
+        table[TIED_HEAD] = table[TIED_EMBEDDING]
     return table
+
+
+TIED_HEAD, TIED_EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def _tied(model_dir: Path) -> bool:
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return True  # transformers' default
+    return bool(config.get("tie_word_embeddings", True))
 
 
 def refusal(table: dict[str, tuple[int, ...]] | None, tensors: Iterable[tuple[str, tuple[int, ...]]]) -> str:
