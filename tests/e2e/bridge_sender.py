@@ -184,12 +184,23 @@ def vllm_engine_trainer(args) -> None:
     upstream.enter_vllm(os.environ["VLLM_ENGINE_SRC"])
     import functools
 
+    from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
     from vllm.distributed.weight_transfer.nccl_engine import (
         NCCLTrainerInitInfo,
         NCCLTrainerWeightTransferEngine,
     )
+
+    # PyNcclCommunicator turns itself off without a word when NCCLLibrary() raises, and then publishes no NCCL id:
+    # the receiver waits out its whole timeout (seen on the GPU host: 300 s). vLLM 0.33 binds ncclCommSuspend and
+    # ncclCommResume, which NCCL exports from 2.29.7 on; torch 2.11's NCCL is 2.28.9. Say so at once instead.
+    try:
+        NCCLLibrary()
+    except Exception as exc:  # noqa: BLE001 - reported, then this trainer stops
+        print(json.dumps({"engine_unusable": f"vLLM 0.33's PyNcclCommunicator cannot load this process's NCCL "
+                          f"({torch.cuda.nccl.version()}) and would disable itself silently: {exc!r}"}), flush=True)
+        sys.exit(3)
 
     class Checkpoint(WeightSource):
         def __init__(self, tensors: dict):
