@@ -49,7 +49,7 @@ async def worker_apis(plane: AdminPlane, urls: list[str]) -> list[SGLangFeatures
 
 async def gated(plane: AdminPlane, urls: list[str]) -> list[str]:
     """The workers whose next distributed / tensor update must run inside a session the proxy opens."""
-    if plane.client_session:
+    if plane.control.client_session:
         return []
     return [url for url, api in zip(urls, await worker_apis(plane, urls)) if api.weight_update_session]
 
@@ -102,6 +102,6 @@ def _refusal(url: str, message: str) -> WorkerReply:
 def note_client_session(plane: AdminPlane, path: str, replies: list[WorkerReply]) -> None:
     """A client's own /begin_weight_update or /end_weight_update, forwarded to every worker."""
     if path == BEGIN and all(r.ok for r in replies):
-        plane.client_session = True
+        plane.control.client_session = True
     elif path == END:
-        plane.client_session = False
+        plane.control.client_session = False
