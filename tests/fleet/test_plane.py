@@ -7,10 +7,11 @@ import math
 
 import orjson
 
-from token_proxy.fleet.plane import AdminPlane, FenceMarks, FleetControl, NcclPush, WeightRecord
+from token_proxy.fleet import AdminPlane
+from token_proxy.fleet.plane import FenceMarks, FleetControl, NcclPush, WeightRecord
 from token_proxy.routes import ROUTES
 from token_proxy.settings import Settings
-from token_proxy.sglang.workers import Workers
+from token_proxy.sglang import Workers
 
 A, B, REMOVED = "http://a:1", "http://b:1", "http://c:1"
 

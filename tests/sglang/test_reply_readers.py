@@ -7,8 +7,8 @@ import orjson
 import pytest
 
 from token_proxy.errors import BackendUnavailable
+from token_proxy.sglang import WorkerReply
 from token_proxy.sglang.replies import error_from_status, message_of, router_workers, version_text
-from token_proxy.sglang.workers import WorkerReply
 
 
 @pytest.mark.parametrize(("body", "words"), [
