@@ -7,11 +7,13 @@ import math
 
 import orjson
 
-from token_proxy.fleet import AdminPlane
+from token_proxy.fleet import AdminPlane, weight_session
 from token_proxy.fleet.plane import FenceMarks, FleetControl, NcclPush, WeightRecord
 from token_proxy.routes import ROUTES
 from token_proxy.settings import Settings
 from token_proxy.sglang import Workers
+from token_proxy.sglang.picture import BackendInfo
+from token_proxy.sglang.versions import features_for
 
 A, B, REMOVED = "http://a:1", "http://b:1", "http://c:1"
 
@@ -70,3 +72,17 @@ def test_pause_and_a_pushs_answer_live_in_their_parts():
                        version_keys={})
     plane.mark_paused()
     assert plane.control.paused is True and plane.push.paused_at > 0 and not plane.push.waiting()
+
+
+async def test_a_workers_api_generation_is_read_from_the_picture_and_asked_only_where_it_lacks_one():
+    calls: list = []
+    settings = Settings(backend_url=A, workers=(A, B))
+    plane = AdminPlane(settings=settings, workers=Workers(settings=settings, client=Recorder(A, calls)),
+                       version_keys={})
+    pictured = {A: BackendInfo("m", "m", 4096, True, api=features_for("0.5.17"))}
+    plane.facts = lambda url: pictured.get(url)
+    old, unknown = await weight_session.worker_apis(plane, [A, B])
+    assert (old.version, old.weight_update_session) == ("0.5.17", False)
+    assert (unknown.version, unknown.weight_update_session) == (None, True)  # no version said: the newest known
+    assert calls == [(B, "/server_info", None)]  # A's came from the picture
+    assert await weight_session.gated(plane, [A, B]) == [B]

@@ -221,8 +221,14 @@ async def _admin_plane(app: web.Application):
     version_keys = {path: row.version_key for path, row in app[ROUTE_TABLE].items() if row.version_key}
     plane = app[ADMIN] = AdminPlane(settings=ctx.settings, workers=workers, version_keys=version_keys)
 
+    def facts(url: str):  # the live picture's, replaced at each connect
+        connected = ctx.connection.connected
+        return connected.picture.workers.get(url.rstrip("/")) if connected is not None else None
+
     def learn(backend) -> None:  # once SGLang is known (start-up may come before it): fleet/start.py's rule
         plane.learn_start(backend, ctx.connection.connected.picture.workers)
+
+    plane.facts = facts
 
     ctx.when_ready(learn)
     yield

@@ -21,7 +21,7 @@ from token_proxy.fleet.start import start_state
 from token_proxy.fleet.versions import VersionBoard, VersionRecord
 from token_proxy.long_poll import Publication
 from token_proxy.settings import Settings
-from token_proxy.sglang.versions import SGLangFeatures
+from token_proxy.sglang.picture import BackendInfo
 from token_proxy.sglang.workers import WorkerReply, Workers
 
 # How long after a call that sets a weight version ends its version stays accepted on the data path while
@@ -166,8 +166,9 @@ class AdminPlane:
     owed_flushes: set[str] = field(default_factory=set)
     # Set once another process is found updating these workers' weights: this one stops acting (ownership.py).
     stood_down: str | None = None
-    # Each worker's SGLang API generation, read once from its /server_info (weight_session.py).
-    worker_api: dict[str, SGLangFeatures] = field(default_factory=dict)
+    # What the live picture of SGLang (the connection's, whose snapshot the data path reads) knows of a worker,
+    # or None: the plane reads the fleet's facts there instead of keeping a copy (weight_session.py).
+    facts: Callable[[str], BackendInfo | None] = lambda url: None
     # Run after every weight update or version change through the admin plane (record_version): the
     # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
     after_weights: list[Callable[[], None]] = field(default_factory=list)
