@@ -84,7 +84,7 @@ async def one(n: int, cadence: str, idle_s: float, trials: int) -> dict:
         settings = Settings(backend_url=urls[0], workers=urls, fence_interval_s=0.25, admin_timeout_s=5.0)
         plane = AdminPlane(settings=settings, client=SGLangClient(urls[0], pooled, 30.0), base_model_path="base",
                            initial_version="7", version="7")
-        plane.loaded_path, plane.checkpoint_proven = "/ckpt/7", True
+        plane.weights.loaded_path, plane.weights.checkpoint_proven = "/ckpt/7", True
         fence = Fence(plane, 0.25)
         task = asyncio.get_running_loop().create_task(fence.run())
         await asyncio.sleep(1.0)

@@ -18,7 +18,8 @@ from aiohttp import web
 
 from token_proxy import __version__
 from token_proxy.admin import art, memory, prime_rl, removed_routes, vllm_rl, vllm_weights
-from token_proxy.admin.forward import add_passthrough, forwarded, passthrough
+from token_proxy.admin import forward as fw
+from token_proxy.admin.forward import Forward, add_passthrough, forwarder, passthrough
 from token_proxy.admin.prime_rl import add_admin_state
 from token_proxy.api.chat.derender import chat_completions_derender
 from token_proxy.api.chat.endpoint import (
@@ -95,11 +96,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 POST, GET, GET_POST = ("POST",), ("GET",), ("GET", "POST")
+WV = "weight_version"  # the body key that names the version most of SGLang's weight calls set
 
 
-def _sglang(path: str, methods: tuple[str, ...] = POST, kind: str = ADMIN, **flags) -> Route:
-    """One of SGLang's native admin routes, forwarded to every worker (admin/forward.py's FORWARDS)."""
-    return Route(path, methods, forwarded(path), kind, dialect=SGLANG, answered_by=OWNER, **flags)
+def _sglang(path: str, forward: Forward, methods: tuple[str, ...] = POST, kind: str = ADMIN, **flags) -> Route:
+    """One of SGLang's native admin routes, forwarded as `forward` says (admin/forward.py's one forwarder)."""
+    return Route(path, methods, forwarder(path, forward), kind, dialect=SGLANG, answered_by=OWNER, **flags)
 
 
 def _admin(path: str, methods: tuple[str, ...], handler: Handler, dialect: str, kind: str = ADMIN, **flags) -> Route:
@@ -158,23 +160,32 @@ ROUTES: tuple[Route, ...] = (
     _admin("/skyrl/v1/load_lora_adapter", POST, lora.load_skyrl, SKYRL),
     # --- ART's own route on its vLLM runtime (admin/art.py): the served base model renamed ---
     _admin("/art/set_served_model_name", POST, art.set_served_model_name, ART),
-    # --- SGLang's native admin routes, forwarded to every worker (admin/forward.py) ---
-    _sglang("/update_weights_from_disk", weight_update=True),
-    _sglang("/init_weights_update_group"),
-    _sglang("/update_weights_from_distributed", weight_update=True),
-    _sglang("/begin_weight_update"),  # SGLang 0.5.21+
-    _sglang("/end_weight_update"),
-    _sglang("/destroy_weights_update_group"),
-    _sglang("/update_weight_version", sets_version=True),
-    _sglang("/pause_generation"),
-    _sglang("/continue_generation"),
-    _sglang("/flush_cache", GET_POST),
+    # --- SGLang's native admin routes, forwarded to every worker (admin/forward.py): a Forward names the
+    # timeout's Settings field, how each worker's body is made and the bookkeeping after. /load_lora_adapter
+    # and /unload_lora_adapter: the LoRA registry owns them (above). ---
+    _sglang("/update_weights_from_disk", Forward("weight_update_timeout_s", prepare=fw.disk_bodies,
+                                                 after=fw.note_version), weight_update=True, version_key=WV),
+    _sglang("/init_weights_update_group", Forward("init_group_timeout_s", prepare=fw.group_bodies,
+                                                  after=fw.note_group)),
+    _sglang("/update_weights_from_distributed", Forward("weight_update_timeout_s", prepare=fw.tensor_bodies,
+                                                        session=True, push=True), weight_update=True, version_key=WV),
+    # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
+    _sglang("/begin_weight_update", Forward("admin_timeout_s", after=fw.note_session_open)),
+    _sglang("/end_weight_update", Forward("weight_update_timeout_s", after=fw.note_session_closed)),
+    _sglang("/destroy_weights_update_group", Forward("admin_timeout_s", prepare=fw.destroy_bodies,
+                                                     after=fw.note_group_gone)),
+    _sglang("/update_weight_version", Forward("admin_timeout_s", prepare=fw.version_bodies,
+                                              after=fw.note_new_version), sets_version=True, version_key="new_version"),
+    _sglang("/pause_generation", Forward("admin_timeout_s", after=fw.note_pause)),
+    _sglang("/continue_generation", Forward("admin_timeout_s", after=fw.note_continue)),
+    _sglang("/flush_cache", Forward("admin_timeout_s"), GET_POST),
     # guarded: a misused release or resume kills SGLang's scheduler (admin/memory.py)
     _admin("/release_memory_occupation", GET_POST, memory.release_memory_occupation, SGLANG),
     _admin("/resume_memory_occupation", GET_POST, memory.resume_memory_occupation, SGLANG),
-    _sglang("/get_weights_by_name", GET_POST),
-    *(_sglang(path, GET, kind=TOKENIZER) for path in ("/model_info", "/get_model_info", "/server_info",
-                                                       "/get_server_info")),
+    _sglang("/get_weights_by_name", Forward("admin_timeout_s", fan_out=False, prepare=fw.weight_read_bodies),
+            GET_POST),
+    *(_sglang(path, Forward("short", fan_out=False), GET, kind=TOKENIZER)
+      for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info")),
     # --- routes SGLang 0.5.21 deleted, answered in their old shape (admin/removed_routes.py) ---
     _admin("/get_load", GET, removed_routes.get_load, SGLANG, kind=TOKENIZER),
     _admin("/clear_hicache_storage_backend", GET_POST, removed_routes.clear_hicache_storage_backend, SGLANG),
@@ -184,7 +195,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/generate", POST, None, INFERENCE, dialect=SGLANG, answered_by=OWNER),
     Route("/health_generate", GET, None, TOKENIZER, dialect=SGLANG, answered_by=OWNER),
     Route("/ping", GET, None, OPS, dialect=SGLANG, answered_by=OWNER),
-    Route("/update_weights_from_tensor", POST, None, ADMIN, weight_update=True, dialect=SGLANG, answered_by=OWNER),
+    Route("/update_weights_from_tensor", POST, None, ADMIN, weight_update=True, version_key=WV, dialect=SGLANG,
+          answered_by=OWNER),
 )
 _TABLE = {route.path: route for route in ROUTES}
 

@@ -109,7 +109,7 @@ async def test_the_proxy_updates_without_a_flush_that_would_crash_and_flushes_af
     assert response.status == 200, await response.text()
     assert not state(slow_sim).crashed
     plane = proxy.app[ADMIN]
-    assert plane.owed_flushes == {plane.client.base_url}
+    assert plane.owed_flushes == {plane.workers.client.base_url}
     resume = "/resume" if path == "/update_weights" else "/continue_generation"
     assert (await proxy.post(resume)).status == 200
     for events in await asyncio.wait_for(asyncio.gather(*rollouts), timeout=20):
@@ -151,12 +151,12 @@ async def test_sglang_rejecting_the_path_is_a_clear_error_with_its_message(make_
 
 
 def proxy_backend(proxy) -> str:
-    return proxy.app[ADMIN].client.base_url
+    return proxy.app[ADMIN].workers.client.base_url
 
 
 async def test_update_weights_null_with_a_group_but_no_push_times_out_clearly(make_proxy, sim):
     proxy = await make_proxy(sim, weight_update_timeout_s=0.3)
-    proxy.app[ADMIN].live_groups.add("weight_update_group")  # joined, but the trainer never pushes
+    proxy.app[ADMIN].push.live_groups.add("weight_update_group")  # joined, but the trainer never pushes
     response = await proxy.post("/update_weights", json={"weight_dir": None})
     body = await response.json()
     assert response.status == 504

@@ -87,7 +87,7 @@ async def test_shape_mismatch_is_sglangs_error_and_the_same_group_name_joins_aga
         "(torch.Size([4, 4])) into parameter (torch.Size([8, 8])). The full weights of the ModelRunner are "
         "partially updated. Please discard the whole weights.; the weight-update group 'weight_update_group' was "
         "destroyed on every worker: join again (the same name works) and push again")
-    assert proxy.app[ADMIN].live_groups == set()
+    assert proxy.app[ADMIN].push.live_groups == set()
     await asyncio.to_thread(broadcaster.close, False)  # the trainer's side of the group
     broadcaster = caster(proxy)  # the same group name
     await asyncio.to_thread(broadcaster.init)

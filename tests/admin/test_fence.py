@@ -173,7 +173,7 @@ async def test_over_nccl_a_restarted_worker_stays_fenced_until_the_next_push(mak
 
     await push("1")
     plane = proxy.app[ADMIN]
-    assert (plane.version, plane.loaded_path) == ("1", None)  # the fleet's weights came over NCCL
+    assert (plane.weights.version, plane.weights.loaded_path) == ("1", None)  # the fleet's weights came over NCCL
     fence = proxy.app[FENCE]
     await restart(sims[1], restart_s=0.1)
     await until(lambda: urls[1] in fence.fenced and fence.fenced[urls[1]].came_back, timeout=10)
@@ -208,7 +208,7 @@ async def test_a_reply_on_another_version_is_sent_again_never_returned(routed, m
 async def test_a_worker_only_on_another_version_gives_a_503_after_the_tries(make_sim, make_proxy):
     sim = await make_sim()
     proxy = await make_proxy(sim, fence_interval_s=0, stale_reply_tries=3)
-    await until(lambda: proxy.app[ADMIN].version == "default")
+    await until(lambda: proxy.app[ADMIN].weights.version == "default")
     state(sim).weight_version = "rogue"
     for stream in (False, True):
         response = await proxy.post("/v1/chat/completions", data=orjson.dumps({**CHAT, "stream": stream}))

@@ -180,7 +180,7 @@ async def test_a_failed_rollback_holds_every_worker_paused_until_one_version_is_
 async def test_resume_can_be_forced_through_a_hold(fleet3, tmp_path):
     make, sims = fleet3
     proxy = await make()
-    proxy.app[ADMIN].loaded_path = None  # the fleet's weights came over NCCL: no checkpoint to go back to
+    proxy.app[ADMIN].weights.loaded_path = None  # the fleet's weights came over NCCL: no checkpoint to go back to
     inject(sims[1], {"kind": "fail"})
     response = await proxy.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_1")})
     body = await response.json()

@@ -63,7 +63,7 @@ def new(sim, name: str) -> bool:
 async def fleet2(make_sim, make_proxy):
     sims = [await make_sim() for _ in range(2)]
     proxy = await make_proxy(sims[0], workers=tuple(url_of(s) for s in sims), admin_timeout_s=5.0)
-    proxy.app[ADMIN].loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
+    proxy.app[ADMIN].weights.loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
     return proxy, sims
 
 
@@ -175,14 +175,14 @@ async def test_an_abandoned_push_is_failed_when_the_wait_runs_out(make_sim, make
     """The trainer sent one bucket of three and stopped: the proxy destroys the group and holds the fleet."""
     sim = await make_sim()
     proxy = await make_proxy(sim, weight_update_timeout_s=0.3)
-    proxy.app[ADMIN].loaded_path = None
+    proxy.app[ADMIN].weights.loaded_path = None
     await call(proxy, "POST", "/init_broadcaster", json={**INIT, "inference_world_size": 1})
     await call(proxy, "POST", "/pause")
     assert (await call(proxy, "POST", "/update_weights_from_distributed", json=BUCKETS[0]))[0] == 200
     status, body = await call(proxy, "POST", "/update_weights", json={"weight_dir": None})
     assert (status, body["outcome"]) == (504, "held_paused")
     assert "the push stopped midway: no weight broadcast reached the workers within 0.3 s" in body["error"]["message"]
-    assert sim.app[WEIGHTS].groups == {} and proxy.app[ADMIN].live_groups == set()
+    assert sim.app[WEIGHTS].groups == {} and proxy.app[ADMIN].push.live_groups == set()
     assert (await call(proxy, "POST", "/resume"))[0] == 409
     assert (await call(proxy, "POST", "/resume", params={"force": "true"})) == (200, {"status": "resumed"})
 
@@ -277,7 +277,7 @@ async def test_a_finish_after_a_rolled_back_push_relabels_nothing(fleet2, fake_g
     409, and /weight_info still says "default". On d6350dc both answered 200 and relabelled."""
     proxy, (a, b) = fleet2
     plane = proxy.app[ADMIN]
-    plane.loaded_path = plane.base_model_path  # the checkpoint the workers started from: rolled back to
+    plane.weights.loaded_path = plane.weights.base_model_path  # the checkpoint the workers started from: rolled back to
     assert await call(proxy, "POST", "/init_broadcaster", json=INIT) == (200, {"status": "ok"})
     b.app[RL_SIM].faults.extend([{"kind": "pass"}, {"kind": "partial", "message": "refuses bucket 2"}])
     assert (await call(proxy, "POST", "/update_weights_from_distributed", json=BUCKETS[0]))[0] == 200
@@ -303,7 +303,7 @@ async def test_a_finish_after_a_rolled_back_push_relabels_nothing(fleet2, fake_g
 async def test_a_finish_of_an_update_whose_push_failed_is_a_409_until_a_new_one_arrives(fleet2, fake_group):
     """vLLM's order (start, update_weights, finish): a failed receive closes the update, as vLLM's worker does."""
     proxy, (a, b) = fleet2
-    proxy.app[ADMIN].loaded_path = proxy.app[ADMIN].base_model_path
+    proxy.app[ADMIN].weights.loaded_path = proxy.app[ADMIN].weights.base_model_path
     init = {"master_address": "127.0.0.1", "master_port": 29545, "rank_offset": 1, "world_size": 3}
     meta = {"names": BUCKETS[0]["names"], "dtype_names": BUCKETS[0]["dtypes"], "shapes": BUCKETS[0]["shapes"]}
     assert (await call(proxy, "POST", "/init_weight_transfer_engine", json={"init_info": init}))[0] == 200

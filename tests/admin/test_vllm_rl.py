@@ -399,7 +399,7 @@ async def test_bad_vllm_bodies_are_400s_naming_the_field(proxy):
     assert (await post(proxy, "/init_weight_transfer_engine", 400, json={}))["error"]["param"] == "init_info"
     assert (await post(proxy, "/init_weight_transfer_engine", 400, json={"init_info": {**INIT, "master_port": 0}})
             )["error"]["param"] == "master_port"
-    proxy.app[ADMIN].live_groups.add("weight_update_group")
+    proxy.app[ADMIN].push.live_groups.add("weight_update_group")
     bad = {**META, "dtype_names": ["bfloat16", "float99"]}
     assert (await post(proxy, "/update_weights", 400, json={"update_info": bad}))["error"]["param"] == "dtypes"
     assert (await post(proxy, "/update_weights", 400, json={"update_info": {"names": []}}))["error"]["param"] == (
@@ -428,7 +428,7 @@ async def test_a_failed_nccl_receive_is_the_fleets_error_body_not_a_500(fleet2, 
 
 async def test_finish_after_a_failed_receive_is_refused_until_the_weights_arrive_everywhere(fleet2, fake_group):
     proxy, sims = fleet2
-    proxy.app[ADMIN].loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
+    proxy.app[ADMIN].weights.loaded_path = None  # the weights came over NCCL: nothing on disk to roll back to
     await post(proxy, "/init_weight_transfer_engine", json={"init_info": INIT})
     sims[1].app[RL_SIM].faults.append({"kind": "fail", "message": "Failed to receive."})
     assert (await post(proxy, "/update_weights", 503, json={"update_info": META}))["outcome"] == "held_paused"

@@ -165,7 +165,7 @@ async def test_a_refused_push_still_closes_the_session_and_the_next_one_lands(ma
 async def test_a_timed_out_push_is_closed_once_sglang_finishes_it(make_sim, make_proxy, fake_group, version):
     sim = await make_sim(sglang_version=version)
     proxy = await make_proxy(sim, weight_update_timeout_s=0.3)
-    proxy.app[ADMIN].live_groups.add("weight_update_group")
+    proxy.app[ADMIN].push.live_groups.add("weight_update_group")
     await proxy.post("/init_weights_update_group", json=VLLM_INIT)
     sim.app[RL_SIM].faults.append({"kind": "delay", "delay_s": 0.6})
     late = await proxy.post("/update_weights_from_distributed", json=NORM)

@@ -84,3 +84,20 @@ class DirectSGLang:
 async def sglang(sglang_url):
     async with aiohttp.ClientSession() as session:
         yield DirectSGLang(session, sglang_url)
+
+
+# A short greedy chat, to check that SGLang still generates (and generates the same) after an admin sequence.
+CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8, "temperature": 0,
+        "return_token_ids": True}
+
+
+@pytest.fixture
+async def memory_saver(sglang, proxy):
+    """Skips unless SGLang runs with --enable-memory-saver --enable-weights-cpu-backup. A failed test must not
+    leave SGLang asleep for the next ones: only the proxy that put it to sleep knows what it released, and a
+    bare /wake_up brings back all of it."""
+    _, info = await sglang.get("/server_info")
+    if not (info.get("enable_memory_saver") and info.get("enable_weights_cpu_backup")):
+        pytest.skip("start SGLang with --enable-memory-saver --enable-weights-cpu-backup")
+    yield
+    await proxy.post("/wake_up")

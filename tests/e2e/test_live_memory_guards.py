@@ -14,19 +14,7 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
-CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8, "temperature": 0,
-        "return_token_ids": True}
-
-
-@pytest.fixture
-async def memory_saver(sglang, proxy):
-    _, info = await sglang.get("/server_info")
-    if not (info.get("enable_memory_saver") and info.get("enable_weights_cpu_backup")):
-        pytest.skip("start SGLang with --enable-memory-saver --enable-weights-cpu-backup")
-    yield
-    await proxy.post("/wake_up")  # whatever a failed test released through the proxy comes back
+from tests.e2e.conftest import CHAT
 
 
 async def alive(proxy, sglang) -> None:

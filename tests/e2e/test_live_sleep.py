@@ -13,19 +13,7 @@ import asyncio
 
 import pytest
 
-CHAT = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8, "temperature": 0,
-        "return_token_ids": True}
-
-
-@pytest.fixture
-async def memory_saver(sglang, proxy):
-    _, info = await sglang.get("/server_info")
-    if not (info.get("enable_memory_saver") and info.get("enable_weights_cpu_backup")):
-        pytest.skip("start SGLang with --enable-memory-saver --enable-weights-cpu-backup")
-    yield
-    # A failed test must not leave SGLang asleep for the next ones: only the proxy that put it to sleep
-    # knows what it released, and a bare /wake_up brings back all of it.
-    await proxy.post("/wake_up")
+from tests.e2e.conftest import CHAT
 
 
 async def greedy_ids(proxy) -> list[int]:

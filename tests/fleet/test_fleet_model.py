@@ -240,7 +240,7 @@ class FleetMachine(RuleBasedStateMachine):
             await asyncio.sleep(0.3)
             deadline = time.monotonic() + 5.0
             fence = self.fleet.controller.app[FENCE]
-            while time.monotonic() < deadline and (self.plane.update_lock.locked()
+            while time.monotonic() < deadline and (self.plane.control.lock.locked()
                                                    or any(e.healing for e in fence.fenced.values())):
                 await asyncio.sleep(0.05)
             await asyncio.sleep(0.2)
@@ -268,7 +268,7 @@ class FleetMachine(RuleBasedStateMachine):
             if not held:
                 assert await fleet.checksum(sim) == self.truth[label], f"{url} is labelled {label!r} on other weights"
             if state.paused:
-                assert plane.hold is not None or plane.paused or url in fence.fenced, f"{url} paused for nothing"
+                assert plane.control.hold is not None or plane.control.paused or url in fence.fenced, f"{url} paused for nothing"
             if url in fence.fenced:
                 assert url in listed and url in gauged, (url, info["fenced"])
         for proxy in [fleet.controller, fleet.follower]:
@@ -281,12 +281,12 @@ class FleetMachine(RuleBasedStateMachine):
                                                        timeout=BOUND_S + 10)
         if status == 200:
             versions = {v["version"] for v in body["choices"][0].get("weight_versions") or []}
-            assert versions <= {plane.version}, (versions, plane.version)
+            assert versions <= {plane.weights.version}, (versions, plane.weights.version)
             return
         assert status == 503 and headers.get("Retry-After"), (status, body)
         assert took < BOUND_S, f"a 503 after {took:.1f} s"
         a = fleet.urls()[0]
-        assert plane.hold is not None or a in fleet.controller.app[FENCE].fenced, body
+        assert plane.control.hold is not None or a in fleet.controller.app[FENCE].fenced, body
 
     def teardown(self):
         try:
@@ -296,7 +296,7 @@ class FleetMachine(RuleBasedStateMachine):
             fence = self.fleet.controller.app[FENCE]
             self.run(asyncio.sleep(0.5))
             assert fence.fenced == {}, fence.info()
-            assert {s.app[SIM_STATE].weight_version for s in self.fleet.sims} == {self.plane.version}
+            assert {s.app[SIM_STATE].weight_version for s in self.fleet.sims} == {self.plane.weights.version}
             self.run(self.check())
         finally:
             self.run(self.fleet.stop())

@@ -73,7 +73,7 @@ async def test_a_follower_forwards_to_its_controller_and_never_fences(two, tmp_p
     assert FENCE not in follower.app
     response = await follower.post("/update_weights", json={"weight_dir": weights_dir(tmp_path, "step_4")})
     assert (response.status, await response.json()) == (200, {"status": "ok", "weight_version": "4"})
-    assert controller.app[ADMIN].version == "4"  # the controller ran the transaction
+    assert controller.app[ADMIN].weights.version == "4"  # the controller ran the transaction
     await until(lambda: follower.app[ADMIN].board.record.current == "4", timeout=5)
     reply = await follower.post("/v1/chat/completions", json=CHAT)
     assert reply.status == 200
@@ -106,7 +106,7 @@ async def test_a_proxy_started_over_disagreeing_workers_never_labels_the_start_w
     a.app[WEIGHTS].values = {name: [[9.0]] for name in a.app[WEIGHTS].values}  # what the push left
     proxy = await make()
     plane = proxy.app[ADMIN]
-    assert (plane.version, plane.loaded_path) == ("vllm-2", None)
+    assert (plane.weights.version, plane.weights.loaded_path) == ("vllm-2", None)
     await until(lambda: url_of(b) in proxy.app[FENCE].fenced, timeout=5)
     await asyncio.sleep(0.5)
     assert state(b).weight_version == "default"  # never relabelled
@@ -121,20 +121,20 @@ async def test_the_checkpoint_read_at_start_is_proven_before_it_labels_a_heal(tw
         state(sim).weight_version = "vllm-3"
         sim.app[WEIGHTS].values = {name: [[9.0]] for name in sim.app[WEIGHTS].values}
     proxy = await make()
-    assert proxy.app[ADMIN].loaded_path is not None and not proxy.app[ADMIN].checkpoint_proven
+    assert proxy.app[ADMIN].weights.loaded_path is not None and not proxy.app[ADMIN].weights.checkpoint_proven
     state(b).weight_version = "default"  # reset behind the proxy's back (the start-up weights)
     b.app[WEIGHTS].values = {name: [[0.0]] for name in b.app[WEIGHTS].values}
     await until(lambda: url_of(b) in proxy.app[FENCE].fenced and proxy.app[FENCE].fenced[url_of(b)].held, timeout=5)
     assert state(b).weight_version.startswith("vllm-3?unproven:")  # an honest label, never vllm-3
-    assert proxy.app[ADMIN].loaded_path is None  # the start pair is disproved: never used to label again
+    assert proxy.app[ADMIN].weights.loaded_path is None  # the start pair is disproved: never used to label again
 
 
 async def test_no_healthy_worker_is_a_prompt_503(two):
     make, (a, _) = two
     proxy = await make(fence_interval_s=0.05)
-    proxy.app[ADMIN].loaded_path = None  # NCCL weights: a fenced worker waits for the next update
+    proxy.app[ADMIN].weights.loaded_path = None  # NCCL weights: a fenced worker waits for the next update
     state(a).weight_version = "default2"
-    proxy.app[ADMIN].known_versions.add("default2")  # a drift, not another controller
+    proxy.app[ADMIN].weights.known_versions.add("default2")  # a drift, not another controller
     await until(lambda: url_of(a) in proxy.app[FENCE].fenced, timeout=5)
     started = time.monotonic()
     reply = await proxy.post("/v1/chat/completions", json=CHAT)
@@ -154,7 +154,7 @@ async def test_finding_3_no_worker_is_left_paused_by_a_controller_that_lost_the_
     x = await make()
     assert (await x.post("/init_broadcaster", json=INIT)).status == 200
     assert [status for status, _ in await push(x, "vllm-2")] == [200, 200, 200]
-    assert x.app[ADMIN].loaded_path is None
+    assert x.app[ADMIN].weights.loaded_path is None
     for sim in sims:  # reset behind X's back, straight on SGLang
         state(sim).weight_version, state(sim).paused = "default", False
     await until(lambda: len(x.app[FENCE].fenced) == 2 and all(e.held for e in x.app[FENCE].fenced.values()), 5)

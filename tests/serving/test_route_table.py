@@ -8,7 +8,6 @@ import orjson
 import pytest
 from aiohttp import web
 
-from token_proxy.admin.forward import FORWARDS
 from token_proxy.api import parse_sampling
 from token_proxy.api.sampling import RANGES
 from token_proxy.errors import InvalidRequest
@@ -22,11 +21,12 @@ from token_proxy.sglang.pause import PRIME_RL, VLLM, to_sglang
 from token_proxy.state import CONTEXT
 
 
-def test_every_path_is_one_row_and_every_sglang_forward_has_one():
+def test_every_path_is_one_row_and_the_version_setters_name_their_key():
     paths = [route.path for route in ROUTES]
     assert len(paths) == len(set(paths))
-    forwarded = {route.path for route in ROUTES if route.dialect == "sglang" and route.served}
-    assert set(FORWARDS) <= forwarded
+    assert {r.path: r.version_key for r in ROUTES if r.version_key} == {
+        "/update_weights_from_disk": "weight_version", "/update_weights_from_distributed": "weight_version",
+        "/update_weights_from_tensor": "weight_version", "/update_weight_version": "new_version"}
 
 
 def test_the_flags_the_middleware_reads():

@@ -86,7 +86,7 @@ async def test_admin_calls_reach_every_worker_behind_the_router(router, make_pro
     url, sims, urls = router
     proxy = await make_proxy(url, context_length=4096)
     assert sorted(await proxy.app[ADMIN].worker_urls()) == sorted(urls)
-    assert proxy.app[ADMIN].behind_router is True
+    assert proxy.app[ADMIN].workers.behind_router is True
 
     assert await (await proxy.post("/pause")).json() == {"status": "paused"}
     assert [s.app[SIM_STATE].pause_mode for s in sims] == ["retract", "retract"]

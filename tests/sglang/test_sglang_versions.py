@@ -230,7 +230,7 @@ async def test_liveness_and_a_paused_update_with_rollouts_in_flight_on_0_5_23(ne
     resp = await new_proxy.post("/update_weights", json={"weight_dir": str(ckpt)})
     assert (resp.status, await resp.json()) == (200, {"status": "ok", "weight_version": "3"})
     plane = new_proxy.app[ADMIN]
-    assert plane.owed_flushes == {plane.client.base_url} and not state(new_sim).crashed
+    assert plane.owed_flushes == {plane.workers.client.base_url} and not state(new_sim).crashed
     assert (await new_proxy.post("/resume")).status == 200
     for response in await asyncio.gather(*rollouts):
         assert response.status == 200 and parse_sse(await response.read())[-1] == "[DONE]"
@@ -251,7 +251,7 @@ async def test_an_update_whose_flush_0_5_23_refuses_still_counts_and_owes_the_fl
     assert (resp.status, await resp.json()) == (200, {"status": "ok", "weight_version": "4"})
     assert state(new_sim).weight_version == "4" and state(new_sim).weights_path == str(ckpt)
     plane = new_proxy.app[ADMIN]
-    assert plane.owed_flushes == {plane.client.base_url}
+    assert plane.owed_flushes == {plane.workers.client.base_url}
     assert (await new_proxy.post("/resume")).status == 200
     assert (await rollout).status == 200
     await until(lambda: not plane.owed_flushes)

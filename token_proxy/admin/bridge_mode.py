@@ -122,21 +122,21 @@ async def join(plane: AdminPlane, app: web.Application, dialect: str, trainer: d
         await leave(plane, app)
         raise WorkerFailed(502, "the weight bridges could not join the trainer's group: " + "; ".join(failed))
     mode.dialect = dialect
-    plane.live_groups.add(GROUP)
+    plane.push.live_groups.add(GROUP)
 
 
 async def leave(plane: AdminPlane, app: web.Application) -> None:
     mode = app[BRIDGES]
     await asyncio.gather(*(_call(mode, u, "POST", "/bridge/leave", {}, plane.settings.admin_timeout_s)
                            for u in mode.urls))
-    plane.live_groups.discard(GROUP)
+    plane.push.live_groups.discard(GROUP)
     mode.dialect = ""
 
 
 async def push(plane: AdminPlane, app: web.Application, action: str, update_info: dict | None = None) -> None:
     """One push through every bridge, inside one weight-update session; the caller holds the transaction."""
     mode = app[BRIDGES]
-    if GROUP not in plane.live_groups:
+    if GROUP not in plane.push.live_groups:
         raise fleet.Conflict(f"{action}: the weight bridges have not joined the trainer's group: the trainer's "
                              "init (prime-rl: POST /init_broadcaster; vLLM: POST /init_weight_transfer_engine) "
                              "must come first")
@@ -157,10 +157,10 @@ async def push(plane: AdminPlane, app: web.Application, action: str, update_info
             await fleet.push_failed(plane, urls, replies, action)
         finally:  # after a refusal the bridges drained the stream and stay joined: the next push needs no init
             if await _still_joined(plane, mode):
-                plane.live_groups.add(GROUP)
-    plane.loaded_path = None
-    if plane.hold is not None:
-        plane.hold["received"] = True
+                plane.push.live_groups.add(GROUP)
+    plane.weights.loaded_path = None
+    if plane.control.hold is not None:
+        plane.control.hold["received"] = True
 
 
 async def _still_joined(plane: AdminPlane, mode: BridgeMode) -> bool:

@@ -21,6 +21,7 @@ from token_proxy.fleet.flush import safe_flush, settle_owed_flushes, settle_refu
 from token_proxy.fleet.plane import ADMIN, AdminPlane, StepResult
 from token_proxy.http_io import PASSED_THROUGH, parse_json_object, route_of
 from token_proxy.sglang.headers import upstream_headers
+from token_proxy.sglang.replies import version_text
 from token_proxy.sglang.workers import WorkerFailed, WorkerReply, failure_status, server_infos
 from token_proxy.state import CONTEXT
 
@@ -34,9 +35,8 @@ After = Callable[[AdminPlane, dict, list[WorkerReply]], None]
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """How one SGLang admin route is forwarded; its methods, class and flags are its row in routes.py."""
+    """How one SGLang admin route is forwarded: part of its row in routes.py (methods, class and flags)."""
 
-    path: str
     timeout: str  # the Settings field bounding the call, or "short"
     fan_out: bool = True  # False: the first worker answers (reads)
     prepare: Prepare | None = None  # validate, and give each worker its body
@@ -104,48 +104,48 @@ async def tp_sizes(plane: AdminPlane, urls: list[str]) -> list[int]:
 
 def note_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     if all(r.ok for r in replies):
-        plane.record_version(_version(body.get("weight_version")))
+        plane.record_version(version_text(body.get("weight_version")))
 
 
 def note_new_version(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     if all(r.ok for r in replies):
-        plane.record_version(_version(body.get("new_version")))
+        plane.record_version(version_text(body.get("new_version")))
 
 
 def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     """A bucket every worker took; the one that carries the weight version ends one NCCL push (a failed
     bucket ends it in fleet.push_failed). A complete push ends a hold: every worker has the new weights."""
-    version = _version(body.get("weight_version"))
+    version = version_text(body.get("weight_version"))
     if version is None:
-        plane.push_open = True
+        plane.push.open = True
         return
-    plane.push_open = False
+    plane.push.open = False
     plane.record_version(version)
-    plane.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
-    if plane.hold is not None:
+    plane.weights.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
+    if plane.control.hold is not None:
         log.info("a complete NCCL push (version %s) reached every worker: the hold ends", version)
-        plane.hold = None
-    plane.publish_step(StepResult(True, "weights received", version))
+        plane.control.hold = None
+    plane.push.publish(StepResult(True, "weights received", version))
 
 
-async def push_bucket(plane: AdminPlane, request: web.Request, row: Forward, bodies: list[dict],
+async def push_bucket(plane: AdminPlane, request: web.Request, path: str, row: Forward, bodies: list[dict],
                       urls: list[str], body: dict) -> web.Response:
     """One bucket of a push through SGLang's own route, to every worker; the first worker to fail ends it
     (the others are cut off), and the fleet goes through fleet.push_failed: groups destroyed, rolled back
     or held. The reply keeps SGLang's failure shape, with the proxy's outcome and each worker's result."""
     def call():
-        return plane.fan_out_until_failure(request.method, row.path, bodies, timeout_of(plane, row.timeout), urls)
+        return plane.workers.fan_out_until_failure(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
 
-    replies = await weight_session.bracketed(plane, urls, call, row.path)
-    replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
+    replies = await weight_session.bracketed(plane, urls, call, path)
+    replies = await settle_refusals(plane, replies, version_text(body.get("weight_version")))
     if all(r.ok for r in replies):
         note_step(plane, body, replies)
         if labels.UPDATE in request.app:  # every worker took it: a /finish_weight_update may label it
             request.app[labels.UPDATE].start(plane)
-        return sglang_reply(row.path, replies)
+        return sglang_reply(path, replies)
     try:
         async with plane.transaction():
-            await fleet.push_failed(plane, urls, replies, row.path)
+            await fleet.push_failed(plane, urls, replies, path)
     except fleet.FleetFailed as exc:
         failed = {"success": False, "message": exc.message, "outcome": exc.outcome,
                   "weight_version": exc.weight_version, "workers": [w.as_dict() for w in exc.workers]}
@@ -155,9 +155,9 @@ async def push_bucket(plane: AdminPlane, request: web.Request, row: Forward, bod
 
 def note_continue(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     if all(r.ok for r in replies):
-        plane.paused = False
-        if plane.spawn is not None:
-            settle_owed_flushes(plane, plane.spawn)
+        plane.control.paused = False
+        if plane.workers.spawn is not None:
+            settle_owed_flushes(plane, plane.workers.spawn)
 
 
 def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
@@ -168,11 +168,11 @@ def note_pause(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> Non
 def note_group(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
     """A group every worker joined: NCCL steps may now arrive (routes.py fails fast without one)."""
     if all(r.ok for r in replies):
-        plane.live_groups.add(body.get("group_name") or "weight_update_group")
+        plane.push.live_groups.add(body.get("group_name") or "weight_update_group")
 
 
 def note_group_gone(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
-    plane.live_groups.discard(body.get("group_name") or "weight_update_group")
+    plane.push.live_groups.discard(body.get("group_name") or "weight_update_group")
 
 
 def note_session_open(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None:
@@ -183,41 +183,12 @@ def note_session_closed(plane: AdminPlane, body: dict, replies: list[WorkerReply
     weight_session.note_client_session(plane, weight_session.END, replies)
 
 
-# /load_lora_adapter and /unload_lora_adapter: the LoRA registry owns them (lora/routes.py).
-FORWARDS = {row.path: row for row in (
-    Forward("/update_weights_from_disk", "weight_update_timeout_s", prepare=disk_bodies,
-            after=note_version),
-    Forward("/init_weights_update_group", "init_group_timeout_s", prepare=group_bodies,
-            after=note_group),
-    Forward("/update_weights_from_distributed", "weight_update_timeout_s", prepare=tensor_bodies,
-            session=True, push=True),
-    # SGLang 0.5.21+: a client's own session reaches every worker, and the proxy's bracket stands aside.
-    Forward("/begin_weight_update", "admin_timeout_s", after=note_session_open),
-    Forward("/end_weight_update", "weight_update_timeout_s", after=note_session_closed),
-    Forward("/destroy_weights_update_group", "admin_timeout_s", prepare=destroy_bodies, after=note_group_gone),
-    Forward("/update_weight_version", "admin_timeout_s", prepare=version_bodies, after=note_new_version),
-    Forward("/pause_generation", "admin_timeout_s", after=note_pause),
-    Forward("/continue_generation", "admin_timeout_s", after=note_continue),
-    Forward("/flush_cache", "admin_timeout_s"),
-    # /release_memory_occupation and /resume_memory_occupation: guarded in admin/memory.py.
-    Forward("/get_weights_by_name", "admin_timeout_s", fan_out=False, prepare=weight_read_bodies),
-    Forward("/model_info", "short", fan_out=False),
-    Forward("/get_model_info", "short", fan_out=False),
-    Forward("/server_info", "short", fan_out=False),
-    Forward("/get_server_info", "short", fan_out=False),
-)}
-
-
 def timeout_of(plane: AdminPlane, name: str) -> float:
     return SHORT_TIMEOUT_S if name == "short" else getattr(plane.settings, name)
 
 
-def forwarded(path: str):
-    """The handler of FORWARDS' row for `path` (routes.py's table names it per route)."""
-    return forwarder(FORWARDS[path])
-
-
-def forwarder(row: Forward):
+def forwarder(path: str, row: Forward):
+    """The handler of one SGLang admin route (its row in routes.py's table carries `row`)."""
     async def forward(request: web.Request) -> web.Response:
         plane = request.app[ADMIN]
         raw = await request.read()
@@ -226,18 +197,18 @@ def forwarder(row: Forward):
         body = _json_object(raw) if row.prepare or row.after else {}
         bodies = await row.prepare(plane, body, urls) if row.prepare else (raw or None)
         if row.push:
-            return await push_bucket(plane, request, row, bodies, urls, body)
-        path = request.path_qs if request.query_string else row.path
+            return await push_bucket(plane, request, path, row, bodies, urls, body)
+        target = request.path_qs if request.query_string else path
         method = "GET" if request.method == "HEAD" else request.method  # SGLang's routes take no HEAD
         def call():
-            return plane.fan_out(method, path, bodies, timeout_of(plane, row.timeout), urls)
+            return plane.fan_out(method, target, bodies, timeout_of(plane, row.timeout), urls)
 
-        replies = await (weight_session.bracketed(plane, urls, call, row.path) if row.session else call())
+        replies = await (weight_session.bracketed(plane, urls, call, path) if row.session else call())
         if row.prepare in (disk_bodies, tensor_bodies):  # SGLang 0.5.22+: updated, flush refused
-            replies = await settle_refusals(plane, replies, _version(body.get("weight_version")))
+            replies = await settle_refusals(plane, replies, version_text(body.get("weight_version")))
         if row.after:
             row.after(plane, body, replies)
-        reply = sglang_reply(row.path, replies)
+        reply = sglang_reply(path, replies)
         return web.Response(status=reply.status, headers=reply.headers) if request.method == "HEAD" else reply
 
     return forward
@@ -268,10 +239,6 @@ def _as_is(reply: WorkerReply) -> web.Response:
 
 def _json_object(raw: bytes) -> dict:
     return parse_json_object(raw) if raw.strip() else {}
-
-
-def _version(value) -> str | None:
-    return None if value is None else str(value)
 
 
 # --- pass-through of routes the proxy does not own ------------------------------------------------

@@ -30,7 +30,7 @@ class OpenUpdate:
     since: StepResult | None = None  # the plane's last push when it opened: a later failed one closes it
 
     def start(self, plane: AdminPlane) -> None:
-        self.open, self.since = True, plane.last_step
+        self.open, self.since = True, plane.push.last_step
 
     def refuse_finish(self, plane: AdminPlane, action: str) -> None:
         if not self.open:
@@ -63,10 +63,10 @@ def refuse_label_after_failed_push(plane: AdminPlane, action: str) -> None:
 
 
 def _failed_push(plane: AdminPlane) -> StepResult | None:
-    step = plane.last_step
+    step = plane.push.last_step
     return step if step is not None and not step.ok else None
 
 
 def _loaded_since(plane: AdminPlane, failed: StepResult) -> bool:
     """A version recorded after the failure (a load from disk, a complete push) stands on real weights."""
-    return bool(plane.history) and plane.history[-1][0] > failed.finished_at
+    return bool(plane.weights.history) and plane.weights.history[-1][0] > failed.finished_at

@@ -69,7 +69,7 @@ async def release(plane: AdminPlane, memory: Memory, gate: Gate, urls: list[str]
                              "/resume_memory_occupation or /wake_up): SGLang would stash the freed weights over the "
                              "ones it kept")
     async with gate.closed():
-        if plane.paused:
+        if plane.control.paused:
             await wait_idle(plane, urls, plane.settings.admin_timeout_s, action, gate)
         else:
             busy = await busy_workers(plane, urls, gate)

@@ -21,10 +21,10 @@ from token_proxy.errors import BackendTimeout, InvalidRequest, ProxyError
 from token_proxy.fleet import transaction as fleet
 from token_proxy.fleet.flush import read_pending
 from token_proxy.fleet.plane import ADMIN, AdminPlane
-from token_proxy.http_io import json_response, read_json
+from token_proxy.http_io import ROUTE_TABLE, json_response, read_json
 from token_proxy.lora.routes import add_lora_admin
 from token_proxy.sglang.pause import PRIME_RL, to_sglang
-from token_proxy.sglang.workers import WORKERS, WorkerFailed, WorkerReply, raise_for_failures
+from token_proxy.sglang.workers import WORKERS, WorkerFailed, WorkerReply, Workers, raise_for_failures
 from token_proxy.state import CONTEXT, SETTINGS
 
 log = logging.getLogger(__name__)
@@ -82,12 +82,12 @@ async def _nccl_step(plane: AdminPlane) -> web.Response:
     """The push this call waited for (each push answers one call: a repeat waits for a new one). A failed
     push answers with the status fleet.push_failed chose (503: join again and push again). A push that
     landed some buckets and then stopped is abandoned when the wait runs out: it fails the same way."""
-    if not plane.step_waiting():
+    if not plane.push.waiting():
         vllm_rl.require_group(plane, "update_weights")
     try:
-        step = await plane.next_step(plane.settings.weight_update_timeout_s)
+        step = await plane.push.next_step(plane.settings.weight_update_timeout_s)
     except BackendTimeout as timed_out:
-        if not plane.push_open:
+        if not plane.push.open:
             raise
         urls = await plane.worker_urls()
         gone = [WorkerReply(url, 0, error=BackendTimeout(f"the push stopped midway: {timed_out.message}"))
@@ -96,7 +96,7 @@ async def _nccl_step(plane: AdminPlane) -> web.Response:
             async with plane.transaction():
                 await fleet.push_failed(plane, urls, gone, "update_weights (NCCL)")
         except fleet.FleetFailed:
-            plane.last_step.consumed = True  # this call answers for the abandoned push
+            plane.push.last_step.consumed = True  # this call answers for the abandoned push
             raise
     if not step.ok:
         raise WorkerFailed(step.status, f"update_weights (NCCL) failed: {step.message}")
@@ -134,10 +134,10 @@ def _verify_checksum(body: dict) -> bool:
 async def reload_weights(request: web.Request) -> web.Response:
     """Older prime-rl: back to the weights the server started with."""
     plane = request.app[ADMIN]
-    if not plane.base_model_path:
+    if not plane.weights.base_model_path:
         raise WorkerFailed(502, "reload_weights: SGLang did not report the model_path it started with")
-    await fleet.update_from_disk(plane, plane.base_model_path, plane.initial_version, "reload_weights")
-    return json_response({"status": "ok", "weight_version": plane.initial_version})
+    await fleet.update_from_disk(plane, plane.weights.base_model_path, plane.weights.initial_version, "reload_weights")
+    return json_response({"status": "ok", "weight_version": plane.weights.initial_version})
 
 
 def _is_nccl_marker_dir(plane: AdminPlane, weight_dir) -> bool:
@@ -153,8 +153,8 @@ def _next_version(plane: AdminPlane, path: str) -> str:
     steps = _STEP.findall(path)
     if steps:
         return steps[-1]
-    current = plane.version or ""
-    return str(int(current) + 1) if current.isdigit() else str(len(plane.history) + 1)
+    current = plane.weights.version or ""
+    return str(int(current) + 1) if current.isdigit() else str(len(plane.weights.history) + 1)
 
 
 async def init_broadcaster(request: web.Request) -> web.Response:
@@ -217,11 +217,18 @@ def add_admin_state(app: web.Application) -> None:
 
 async def _admin_plane(app: web.Application):
     ctx = app[CONTEXT]
-    plane = app[ADMIN] = app[WORKERS] = AdminPlane(settings=ctx.settings, client=ctx.client, base_model_path=None,
-                                    initial_version=None, version=None, spawn=ctx.spawn)
+    workers = app[WORKERS] = Workers(settings=ctx.settings, client=ctx.client, spawn=ctx.spawn)
+    version_keys = {path: row.version_key for path, row in app[ROUTE_TABLE].items() if row.version_key}
+    plane = app[ADMIN] = AdminPlane(settings=ctx.settings, workers=workers, version_keys=version_keys)
+
+    def facts(url: str):  # the live picture's, replaced at each connect
+        connected = ctx.connection.connected
+        return connected.picture.workers.get(url.rstrip("/")) if connected is not None else None
 
     def learn(backend) -> None:  # once SGLang is known (start-up may come before it): fleet/start.py's rule
         plane.learn_start(backend, ctx.connection.connected.picture.workers)
+
+    plane.facts = facts
 
     ctx.when_ready(learn)
     yield

@@ -100,7 +100,7 @@ def is_vllm_update(body: dict) -> bool:
 
 def require_group(plane: AdminPlane, action: str) -> None:
     """An NCCL step needs a live weight-update group, or nothing can ever arrive: 409 at once."""
-    if not plane.live_groups:
+    if not plane.push.live_groups:
         raise fleet.Conflict(
             f"{action}: no weight-update group is live, so no NCCL push can reach the workers. Join one first "
             "(prime-rl: POST /init_broadcaster; vLLM: POST /init_weight_transfer_engine; SGLang: POST "
@@ -141,7 +141,7 @@ async def pause_fleet(plane: AdminPlane, mode: str, urls: list[str]) -> None:
 
 
 async def is_paused(request: web.Request) -> web.Response:
-    return json_response({"is_paused": request.app[ADMIN].paused})
+    return json_response({"is_paused": request.app[ADMIN].control.paused})
 
 
 async def abort_requests(request: web.Request) -> web.Response:
@@ -189,7 +189,7 @@ async def release_kv_cache_memory(request: web.Request) -> web.Response:
     """vLLM: needs a completed pause with no request held, and all memory resident."""
     plane, memory = request.app[ADMIN], request.app[MEMORY]
     urls = await plane.worker_urls()
-    if not plane.paused:
+    if not plane.control.paused:
         raise fleet.Conflict("release_kv_cache_memory() requires a completed pause first")
     if memory.released:
         raise fleet.Conflict("release_kv_cache_memory() requires all executor memory to be resident")

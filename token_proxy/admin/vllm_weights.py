@@ -112,7 +112,7 @@ async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
     body = {**meta, "group_name": GROUP, "flush_cache": False}  # the flush comes once, at finish
 
     def push():  # the first worker to fail ends it: its refusal reaches the trainer at once
-        return plane.fan_out_until_failure("POST", "/update_weights_from_distributed", body,
+        return plane.workers.fan_out_until_failure("POST", "/update_weights_from_distributed", body,
                                            plane.settings.weight_update_timeout_s, urls)
 
     # SGLang 0.5.21+ takes the push only inside a weight-update session, closed before any rollback.
@@ -121,9 +121,9 @@ async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
         # The workers hold partly updated weights (SGLang: "discard the whole weights"): every dialect's
         # failed push ends in one place (groups destroyed, rolled back or held).
         await fleet.push_failed(plane, urls, replies, action)
-    plane.loaded_path = None  # the weights now came over NCCL: no checkpoint on disk holds them
-    if plane.hold is not None:
-        plane.hold["received"] = True  # every worker took this push: a finish may now end the hold
+    plane.weights.loaded_path = None  # the weights now came over NCCL: no checkpoint on disk holds them
+    if plane.control.hold is not None:
+        plane.control.hold["received"] = True  # every worker took this push: a finish may now end the hold
 
 
 def _meta(state: VllmRlState, info: dict) -> dict:
@@ -167,9 +167,9 @@ async def finish(plane: AdminPlane, update: OpenUpdate, version: str | None, act
     """Refused (409) while a failed receive holds the fleet: setting one version string on workers holding
     different weights would end the hold on a lie. A successful receive since then lifts that. Refused (409)
     too when no update is open, or the open one failed (labels.py)."""
-    if plane.hold is not None and not plane.hold.get("received"):
+    if plane.control.hold is not None and not plane.control.hold.get("received"):
         raise fleet.Conflict(f"{action}: the workers are held paused after a failed weight update "
-                             f"({plane.hold['message']}); send the weights again (every worker must receive "
+                             f"({plane.control.hold['message']}); send the weights again (every worker must receive "
                              "them) before finishing, or POST /resume?force=true to serve anyway")
     update.refuse_finish(plane, action)
     urls = await plane.worker_urls()
@@ -186,7 +186,7 @@ async def finish(plane: AdminPlane, update: OpenUpdate, version: str | None, act
         stand_ins = [fleet.stand_in(url) for url in urls]
         await fleet.recover(plane, urls, stand_ins, action, every_worker_changed=True, expected=version)
     plane.record_version(version or versions[urls[0]])
-    plane.hold = None
+    plane.control.hold = None
     update.finish()
     await flush_or_owe(plane, urls)
 
@@ -198,14 +198,14 @@ async def weight_info(request: web.Request) -> web.Response:
     plane = request.app[ADMIN]
     workers = await fleet.gather_versions(plane)
     versions = {w["weight_version"] for w in workers}
-    consistent = len(versions) == 1 and plane.hold is None
+    consistent = len(versions) == 1 and plane.control.hold is None
     reply = {"weight_version": next(iter(versions)) if consistent else None, "consistent": consistent,
              "workers": workers}
-    if plane.hold is not None:  # a failed update: the version strings may agree, the weights do not
-        changed = set(plane.hold.get("changed") or ())
+    if plane.control.hold is not None:  # a failed update: the version strings may agree, the weights do not
+        changed = set(plane.control.hold.get("changed") or ())
         for worker in workers:
             worker["partial"] = worker["url"] in changed
-        reply["held"] = plane.hold["message"]
+        reply["held"] = plane.control.hold["message"]
     return json_response({**reply, **fence_info(request.app)})
 
 

@@ -1,6 +1,6 @@
-"""The fleet's weights, a feature that hooks into the pipeline: the admin plane's state over the
-workers (plane.py: `AdminPlane`, its version record), the version record the data path judges replies
-by (versions.py), one weight update for every worker at once (transaction.py), the fence that keeps a
+"""The fleet's weights, a feature that hooks into the pipeline: the admin plane (plane.py: `AdminPlane`,
+which holds the workers' fan-out and the fleet's state in named parts), the version record the data path
+judges replies by (versions.py), one weight update for every worker at once (transaction.py), the fence that keeps a
 restarted or drifted worker out and heals it (fence.py), prefix-cache flushes (flush.py), SGLang's
 weight-update session (weight_session.py) and sglang-router's worker list (router_list.py)."""
 

@@ -107,7 +107,7 @@ class Fence:
     def period(self) -> float:
         """Seconds between idle reads of every worker: --fence-interval, stretched so that the whole fleet
         costs SGLang at most READS_PER_S reads a second (256 workers: every 8 s, 32 reads/s, not 1,024)."""
-        return max(self.interval_s, len(self.plane.fleet_urls) / READS_PER_S)
+        return max(self.interval_s, len(self.plane.fenced.fleet_urls) / READS_PER_S)
 
     async def wait_for_next(self) -> None:
         """The next read comes after period(), or at once (but never within --fence-interval of the last) when
@@ -126,23 +126,23 @@ class Fence:
 
     def standing_aside(self) -> bool:
         plane = self.plane
-        return plane.update_lock.locked() or plane.client_session or plane.hold is not None
+        return plane.control.lock.locked() or plane.control.client_session or plane.control.hold is not None
 
     async def check(self) -> None:
         """One read of every worker's version; fence what drifted, heal or hold what is fenced."""
         plane = self.plane
-        if plane.version is None or plane.stood_down is not None or self.standing_aside():
+        if plane.weights.version is None or plane.stood_down is not None or self.standing_aside():
             return
         urls = await plane.worker_urls()
-        plane.fleet_urls = tuple(urls)
-        fleet = plane.version
+        plane.fenced.fleet_urls = tuple(urls)
+        fleet = plane.weights.version
         replies = await plane.fan_out("GET", "/model_info", None, POLL_TIMEOUT_S, urls)
-        if self.standing_aside() or plane.version != fleet:
+        if self.standing_aside() or plane.weights.version != fleet:
             return  # an update began meanwhile: its versions are not drift
         record = plane.version_record()
         accepted = {fleet, *record.incoming}
         for reply in replies:
-            url, version = reply.url, _version(reply)
+            url, version = reply.url, reply.weight_version
             entry = self.fenced.get(url)
             if _down(reply):
                 if entry is None:
@@ -151,7 +151,7 @@ class Fence:
             if version is None:
                 continue  # no verdict (a timeout, or an SGLang without weight versions)
             came_back = entry is not None and entry.reason.startswith(UNREACHABLE)
-            if version not in accepted and version not in plane.known_versions and not came_back \
+            if version not in accepted and version not in plane.weights.known_versions and not came_back \
                     and strike(self, url, version):
                 await stand_down(self, url, version)
                 return
@@ -162,18 +162,18 @@ class Fence:
                 continue
             if came_back and not entry.came_back:
                 entry.came_back, entry.first_version = True, version
-                plane.known_versions.add(version)  # what it started on: a restart, not another controller
+                plane.weights.known_versions.add(version)  # what it started on: a restart, not another controller
                 entry.reason = f"restarted (was {entry.reason}); reports weight version {version!r}"
                 if not (version == fleet and self._pristine(fleet)):  # else its weights are the fleet's
                     log.error("worker %s fenced: %s", url, entry.reason)
                     await self.pause(url)  # a restarted SGLang comes back unpaused
             if not entry.healing and time.monotonic() >= entry.next_try:
                 self.heal_or_hold(entry, version, fleet)
-            entry.fleet_was_paused = plane.paused
+            entry.fleet_was_paused = plane.control.paused
 
     async def fence(self, url: str, reason: str, version: str | None) -> None:
         entry = self.fenced[url] = Fenced(url, reason, first_version=version)
-        self.plane.fenced_urls.add(url)
+        self.plane.fenced.urls.add(url)
         self.events[FENCED] += 1
         self.plane.note_change()
         log.error("worker %s fenced: %s", url, reason)
@@ -193,10 +193,10 @@ class Fence:
         if version == fleet and (entry.first_version != fleet or (entry.came_back and self._pristine(fleet))
                                  or self._pushed_since(entry.since)):
             self._spawn(entry, self.let_in(entry))  # an update brought it to the fleet's weights
-        elif plane.loaded_path is not None:
+        elif plane.weights.loaded_path is not None:
             self._spawn(entry, self.heal_from_disk(entry))
         elif entry.held:
-            if entry.fleet_was_paused and not plane.paused:  # a fleet /resume (forwarded or not) continued it
+            if entry.fleet_was_paused and not plane.control.paused:  # a fleet /resume (forwarded or not) continued it
                 self._spawn(entry, self.pause(entry.url))
         else:  # no checkpoint holds the fleet's version: out (paused) until the next update
             entry.held = True
@@ -207,10 +207,10 @@ class Fence:
     def _pristine(self, fleet: str) -> bool:
         """The fleet serves the weights SGLang starts with (what a restarted worker comes back on)."""
         plane = self.plane
-        return plane.loaded_path == plane.base_model_path and fleet == plane.initial_version
+        return plane.weights.loaded_path == plane.weights.base_model_path and fleet == plane.weights.initial_version
 
     def _pushed_since(self, since: float) -> bool:
-        step = self.plane.last_step
+        step = self.plane.push.last_step
         return step is not None and step.ok and step.finished_at > since
 
     def _spawn(self, entry: Fenced, work) -> None:
@@ -235,11 +235,11 @@ class Fence:
         checkpoint this process did not load itself (read at start) is loaded under a label that says so,
         proven by its weights checksum against a healthy worker's, and only then labelled the fleet's."""
         plane, url = self.plane, entry.url
-        async with plane.update_lock:  # one weight update at a time (fleet.py)
-            path, version = plane.loaded_path, plane.version
+        async with plane.control.lock:  # one weight update at a time (fleet.py)
+            path, version = plane.weights.loaded_path, plane.weights.version
             if path is None or version is None or plane.stood_down is not None:
                 return
-            proven = plane.checkpoint_proven
+            proven = plane.weights.checkpoint_proven
             label = version if proven else f"{version}?unproven:{path}"
             log.warning("fence: healing %s from %s (version %s%s)", url, path, version,
                         "" if proven else ", to be proven by checksum first")
@@ -274,7 +274,7 @@ class Fence:
                    else "no healthy worker's weights checksum to compare with")
             log.error("fence: %s does not provably hold version %r (%s): %s stays fenced under the label %r "
                       "until the next weight update", path, version, why, url, label)
-            plane.loaded_path = None
+            plane.weights.loaded_path = None
             entry.last_error, entry.held = f"{path} does not provably hold version {version!r}: {why}", True
             return False
         (reply,) = await plane.fan_out("POST", "/update_weight_version", {"new_version": version},
@@ -282,7 +282,7 @@ class Fence:
         if not reply.ok:
             entry.last_error = f"relabel refused: {reply.message}"
             return False
-        plane.checkpoint_proven = True
+        plane.weights.checkpoint_proven = True
         return True
 
     async def verify(self, url: str, version: str) -> str | None:
@@ -290,7 +290,7 @@ class Fence:
         reported = (await fleet.read_versions(plane, [url])).get(url)
         if reported != version:
             return f"reports weight version {reported!r} after the reload, not {version!r}"
-        if not plane.checksum_verified:
+        if not plane.weights.checksum_verified:
             return None
         healthy = [u for u in await plane.worker_urls() if u not in self.fenced][:1]
         sums = await fleet.read_checksums(plane, [url, *healthy])
@@ -300,34 +300,34 @@ class Fence:
 
     async def let_in(self, entry: Fenced) -> None:
         plane, url = self.plane, entry.url
-        if not plane.paused:
+        if not plane.control.paused:
             (reply,) = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s, [url])
             if not reply.ok:
                 raise RuntimeError(f"continue_generation: {reply.message}")
         if entry.removed:
             await self.put_back(entry)
         self.fenced.pop(url, None)
-        plane.fenced_urls.discard(url)
+        plane.fenced.urls.discard(url)
         self.events[HEALED] += 1
         plane.note_change()
-        log.warning("worker %s healed: back in the fleet at version %s", url, plane.version)
+        log.warning("worker %s healed: back in the fleet at version %s", url, plane.weights.version)
 
     # ---- sglang-router's list
 
     async def take_out(self, entry: Fenced) -> None:
-        removed = await router_list.remove(self.plane.client, entry.url)
+        removed = await router_list.remove(self.plane.workers.client, entry.url)
         if isinstance(removed, str):
             log.error("fence: %s", removed)
         elif removed:
             entry.removed = True
-            self.plane.router_removed[entry.url] = None
+            self.plane.fenced.router_removed[entry.url] = None
 
     async def put_back(self, entry: Fenced) -> None:
-        error = await router_list.add(self.plane.client, entry.url)
+        error = await router_list.add(self.plane.workers.client, entry.url)
         if error:
             raise RuntimeError(error)
         entry.removed = False
-        self.plane.router_removed.pop(entry.url, None)
+        self.plane.fenced.router_removed.pop(entry.url, None)
 
     def info(self) -> list[dict]:
         return [entry.as_dict() for entry in self.fenced.values()]
@@ -335,12 +335,6 @@ class Fence:
 
 def _down(reply: WorkerReply) -> bool:
     return isinstance(reply.error, BackendUnavailable) or reply.status == 503
-
-
-def _version(reply: WorkerReply) -> str | None:
-    body = reply.body if reply.ok else None
-    version = body.get("weight_version") if isinstance(body, dict) else None
-    return None if version is None else str(version)
 
 
 class FenceCollector:

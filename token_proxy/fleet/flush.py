@@ -102,8 +102,8 @@ async def flush_or_owe(plane: AdminPlane, urls: list[str]) -> list[WorkerReply]:
     replies = await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s, urls)
     owed = [r.url for r in replies if r.status != 200]
     plane.owed_flushes.update(owed)
-    if owed and not plane.paused and plane.spawn is not None:
-        settle_owed_flushes(plane, plane.spawn)
+    if owed and not plane.control.paused and plane.workers.spawn is not None:
+        settle_owed_flushes(plane, plane.workers.spawn)
     return replies
 
 

@@ -57,8 +57,8 @@ async def fleet_versions(request: web.Request) -> web.Response:
         seen, wait = int(request.query.get("seen", -1)), min(float(request.query.get("wait", 0)), 60.0)
     except ValueError:
         seen, wait = -1, 0.0
-    await plane.wait_for_change(seen, max(wait, 0.0))
-    return json_response({"seq": plane.changes, "now": time.monotonic(), "controller": plane.stood_down is None,
+    await plane.news.wait_for_change(seen, max(wait, 0.0))
+    return json_response({"seq": plane.news.seq, "now": time.monotonic(), "controller": plane.stood_down is None,
                           "record": plane.version_record().as_dict()})
 
 
@@ -93,13 +93,13 @@ async def stand_down(fence, url: str, version: str) -> None:
     log.error("%s", plane.stood_down)
     for entry in list(fence.fenced.values()):
         with contextlib.suppress(Exception):  # best effort: the other controller owns these workers now
-            if not plane.paused:
+            if not plane.control.paused:
                 await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
                                     [entry.url])
             if entry.removed:
                 await fence.put_back(entry)
     fence.fenced.clear()
-    plane.fenced_urls.clear()
+    plane.fenced.urls.clear()
     plane.note_change()
 
 
@@ -151,10 +151,8 @@ class ControllerMirror:
         offset = time.monotonic() - float(data["now"])
         plane = self.app[ADMIN]
         plane.board.record = shifted(VersionRecord.of(data["record"]), offset)
-        plane.version = plane.board.record.current
-        plane.changes += 1
-        plane._changed.set()
-        plane._changed = asyncio.Event()
+        plane.weights.version = plane.board.record.current
+        plane.news.bump()
         self.first.set()
         return int(data["seq"])
 

@@ -1,5 +1,6 @@
-"""The admin plane's state over the SGLang workers (the fan-out itself is sglang/workers.py): pause,
-the weight version, prefix-cache flushes owed, NCCL weight steps.
+"""The admin plane: the workers' fan-out it holds (sglang/workers.py) and the fleet's state in named parts:
+the version record (WeightRecord), the transaction's lock, pause and hold (FleetControl), the fence's marks
+(FenceMarks) and the NCCL steps (NcclPush); besides them the prefix-cache flushes owed and the stand-down.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout, InvalidRequest
 from token_proxy.fleet.start import start_state
 from token_proxy.fleet.versions import VersionBoard, VersionRecord
-from token_proxy.sglang.versions import SGLangFeatures
+from token_proxy.long_poll import Publication
+from token_proxy.settings import Settings
+from token_proxy.sglang.picture import BackendInfo
 from token_proxy.sglang.workers import WorkerReply, Workers
 
-# SGLang's calls that set a weight version (the key of their body that names it), and how long after one
-# ends its version stays accepted on the data path while the proxy records the outcome.
-VERSION_KEYS = {"/update_weights_from_disk": "weight_version", "/update_weights_from_distributed": "weight_version",
-                "/update_weights_from_tensor": "weight_version", "/update_weight_version": "new_version"}
+# How long after a call that sets a weight version ends its version stays accepted on the data path while
+# the proxy records the outcome.
 INCOMING_GRACE_S = 10.0
 SGLANG_START_VERSION = "default"  # SGLang's --weight-version default: what a restarted or reset worker reports
 
@@ -44,182 +45,76 @@ class StepResult:
     consumed: bool = False  # an /update_weights {"weight_dir": null} answered for it (each push answers once)
 
 
-@dataclass(kw_only=True)
-class AdminPlane(Workers):
-    """The admin plane's state over the workers' fan-out (sglang/workers.py)."""
+@dataclass
+class WeightRecord:
+    """What the workers hold: the version the proxy last set on every worker, where it came from, and every
+    version it has seen (written by the plane's record_version / learn_start and the transaction)."""
 
-    base_model_path: str | None  # what /reload_weights goes back to
-    initial_version: str | None
-    version: str | None  # the weight version the proxy last set on every worker
-    paused_at: float = 0.0
-    last_step: StepResult | None = None
-    _step_arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    base_model_path: str | None = None  # what /reload_weights goes back to
+    initial_version: str | None = None
+    version: str | None = None
     # The proxy's own record of version changes: (monotonic time, version), oldest first.
     history: list[tuple[float, str]] = field(default_factory=list)
-    # Workers that updated weights without flushing their prefix cache (flush.py says why).
-    owed_flushes: set[str] = field(default_factory=set)
-    # Weight-update groups joined through the proxy (an NCCL step without one can never arrive).
-    live_groups: set[str] = field(default_factory=set)
-    # Buckets of an NCCL push landed, its last (the one with the weight version) not yet: a push that is
-    # abandoned now leaves partial weights (routes.py holds the fleet when its wait runs out).
-    push_open: bool = False
-    paused: bool = False  # the last pause / continue through the proxy (SGLang cannot be asked)
+    # Every weight version this process set, saw at start or saw an update of its own move to: a worker on
+    # any other version (and not back from a restart) was updated by another process (fence.py's stand-down).
+    known_versions: set[str] = field(default_factory=lambda: {SGLANG_START_VERSION})
     # The checkpoint the workers hold now (what a failed fleet update rolls back to), and whether this
     # process loaded it as the fleet's version itself (proven) or read it at start (fence.py proves it by
     # checksum before a heal labels anything with it). None: no checkpoint is known to hold the weights.
     loaded_path: str | None = None
     checkpoint_proven: bool = False
-    # Every weight version this process set, saw at start or saw an update of its own move to: a worker on
-    # any other version (and not back from a restart) was updated by another process (fence.py's stand-down).
-    known_versions: set[str] = field(default_factory=lambda: {SGLANG_START_VERSION})
-    # Set once another process is found updating these workers' weights: this one stops acting (ownership.py).
-    stood_down: str | None = None
-    # Workers the fence keeps out (fence.py): a fleet /resume leaves them paused; the data path's 503 reads it.
-    fenced_urls: set[str] = field(default_factory=set)
-    fleet_urls: tuple[str, ...] = ()  # every worker the fence read last (in sglang-router's list or not)
-    # Each worker's weight version as last read or set (fleet.py); the url -> version.
-    worker_versions: dict[str, str | None] = field(default_factory=dict)
-    # A failed fleet update the proxy could not undo: the fleet stays paused until it is fixed (fleet.py).
-    hold: dict | None = None
-    # One weight update at a time (fleet.py): a second waits for the first; /resume meanwhile is a 409.
-    update_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    updating: bool = False
-    # Each worker's SGLang API generation, read once from its /server_info (weight_session.py).
-    worker_api: dict[str, SGLangFeatures] = field(default_factory=dict)
-    # A client opened SGLang's weight-update session itself (POST /begin_weight_update through the proxy):
-    # the proxy's own bracket stands aside until the client's /end_weight_update.
-    client_session: bool = False
-    # The fence (fence.py): workers it took out of sglang-router's list (still admin-plane workers: a
-    # weight update reaches them), whether the last disk update verified checksums, and the versions
-    # calls in flight are setting (the data path accepts them: pipeline/reply_check.py).
-    router_removed: dict[str, None] = field(default_factory=dict)
-    checksum_verified: bool = False
+    checksum_verified: bool = False  # the last disk update verified checksums (a heal verifies the same way)
+    # The versions calls in flight are setting (the data path accepts them: pipeline/reply_check.py).
     incoming: dict[str, float] = field(default_factory=dict)
-    changes: int = 0  # bumped whenever what the data path accepts changes (a --workers mirror waits on it)
-    board: VersionBoard = field(default_factory=VersionBoard)  # what this process's data path reads
-    _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def worker_urls(self) -> list[str]:
-        urls = await super().worker_urls()
-        return urls + [url for url in self.router_removed if url not in urls]
 
-    async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
-                      timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
-        """Workers.fan_out; a call that sets a weight version marks that version incoming meanwhile."""
-        key = VERSION_KEYS.get(path.split("?", 1)[0])
-        targets = _targets(bodies, key) if key else set()
-        for version in targets:
-            self.incoming[version] = math.inf
-        self.known_versions |= targets
-        if targets:
-            self.note_change()
-        try:
-            return await super().fan_out(method, path, bodies, timeout_s, urls)
-        finally:
-            if targets:
-                until = time.monotonic() + INCOMING_GRACE_S
-                for version in targets:
-                    self.incoming[version] = until
-                self.note_change()
+@dataclass
+class FleetControl:
+    """The transaction's state (transaction.py): one weight update at a time, the fleet's pause, and the
+    hold a failed update leaves."""
 
-    def version_record(self) -> VersionRecord:
-        if self.settings.fleet_controller:  # a follower: the controller's record, as ownership.py mirrors it
-            return self.board.record
-        now = time.monotonic()
-        for version in [v for v, until in self.incoming.items() if until < now]:
-            del self.incoming[version]
-        if self.stood_down is not None:  # another process owns the weights: this one judges no reply
-            return VersionRecord(None, None, [], {}, unavailable=None)
-        return VersionRecord(self.version, self.initial_version, list(self.history), dict(self.incoming),
-                             unavailable=self.unavailable())
+    # One weight update at a time: a second waits for the first; /resume meanwhile is a 409.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    updating: bool = False
+    started: float | None = None  # monotonic start of the running update transaction
+    paused: bool = False  # the last pause / continue through the proxy (SGLang cannot be asked)
+    # A failed fleet update the proxy could not undo: the fleet stays paused until it is fixed.
+    hold: dict | None = None
+    # A client opened SGLang's weight-update session itself (POST /begin_weight_update through the proxy):
+    # the proxy's own bracket stands aside until the client's /end_weight_update (weight_session.py).
+    client_session: bool = False
 
-    def unavailable(self) -> str | None:
-        """Why no worker can serve a chat now (the data path answers a prompt 503), or None."""
-        if self.hold is not None:
-            return "the workers are held paused after a failed weight update (GET /weight_info says why)"
-        if self.fenced_urls and (set(self.fleet_urls) <= self.fenced_urls
-                                 or self.settings.backend_url in self.fenced_urls):
-            return ("no healthy worker: every worker the data path reaches is fenced until healed (GET "
-                    "/weight_info names them)")
-        return None
 
-    def note_change(self) -> None:
-        if not self.settings.fleet_controller:
-            self.board.record = self.version_record()
-        self.changes += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+@dataclass
+class FenceMarks:
+    """What the fence (fence.py) keeps: the workers it keeps out (a fleet /resume leaves them paused; the
+    data path's 503 reads them), those it took out of sglang-router's list (still admin-plane workers: a
+    weight update reaches them), every worker it read last, and each worker's version as last read or set."""
 
-    async def wait_for_change(self, seen: int, timeout_s: float) -> None:
-        if seen != self.changes:
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
-    # Run after every weight update or version change through the admin plane (record_version): the
-    # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
-    after_weights: list[Callable[[], None]] = field(default_factory=list)
-    update_started: float | None = None  # monotonic start of the running update transaction
+    urls: set[str] = field(default_factory=set)
+    router_removed: dict[str, None] = field(default_factory=dict)
+    fleet_urls: tuple[str, ...] = ()  # in sglang-router's list or not
+    worker_versions: dict[str, str | None] = field(default_factory=dict)  # url -> version
 
-    @contextlib.asynccontextmanager
-    async def transaction(self):
-        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end. A long one
-        says it is still running every PROGRESS_EVERY_S (as vLLM logs a long load). A process that stood down
-        (another one owns these workers' weights) refuses (409)."""
-        if self.stood_down is not None:
-            raise StoodDown(self.stood_down)
-        async with self.update_lock:
-            self.updating, self.update_started = True, time.monotonic()
-            progress = asyncio.get_running_loop().create_task(self._progress(self.update_started))
-            try:
-                yield
-            finally:
-                progress.cancel()
-                self.updating, self.update_started = False, None
 
-    async def _progress(self, started: float) -> None:
-        while True:
-            await asyncio.sleep(PROGRESS_EVERY_S)
-            log.info("weight update still running after %.0f s (fleet at version %s)", time.monotonic() - started,
-                     self.version)
+@dataclass
+class NcclPush:
+    """The NCCL weight steps: the groups joined through the proxy (a step without one can never arrive),
+    the last push's outcome, and whether one is half landed."""
 
-    def learn_start(self, backend, workers: Mapping[str, object]) -> None:
-        """Once SGLang is known: the fleet's weights by start.py's rule over every worker's /model_info."""
-        pairs = [(url, info.model_path, info.weight_version) for url, info in workers.items()] or [
-            ("", backend.model_path, backend.weight_version)]
-        state = start_state(pairs)
-        self.base_model_path = backend.model_path
-        self.loaded_path, self.checkpoint_proven = state.checkpoint, False
-        self.initial_version = self.version = state.version
-        self.known_versions |= state.seen
-        if state.note:
-            log.warning("%s", state.note)
-        self.note_change()
+    live_groups: set[str] = field(default_factory=set)
+    last_step: StepResult | None = None
+    # Buckets of an NCCL push landed, its last (the one with the weight version) not yet: a push that is
+    # abandoned now leaves partial weights (routes.py holds the fleet when its wait runs out).
+    open: bool = False
+    paused_at: float = 0.0  # the last /pause: a push answers the calls made after it
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def mark_paused(self) -> None:
-        """Every worker is paused now (through the proxy)."""
-        self.paused_at = time.monotonic()
-        self.paused = True
-
-    def record_version(self, version: str | None) -> None:
-        """Every worker serves `version` now: one line per change, with the workers and how long the update
-        took (a weight update is otherwise silent, --disable-log-requests or not); then the after_weights
-        hooks run (also for an update that named no version)."""
-        if version is not None and version != self.version:
-            took = f" in {time.monotonic() - self.update_started:.1f} s" if self.update_started is not None else ""
-            log.info("weights updated to version %s on %s%s (was %s)", version,
-                     ", ".join(self.last_urls) or "every worker", took, self.version)
-            self.version = version
-            self.known_versions.add(version)
-            self.history.append((time.monotonic(), version))
-            self.note_change()
-        for hook in self.after_weights:
-            hook()
-
-    def publish_step(self, result: StepResult) -> None:
+    def publish(self, result: StepResult) -> None:
         self.last_step = result
-        self._step_arrived.set()
+        self.arrived.set()
 
-    def step_waiting(self) -> bool:
+    def waiting(self) -> bool:
         """A push ended since the last /pause that no call has answered for yet (it may have failed and
         destroyed its group: its answer is still owed)."""
         step = self.last_step
@@ -231,7 +126,7 @@ class AdminPlane(Workers):
         call without a new /pause) waits for a new push instead of returning the last one's result."""
         deadline = time.monotonic() + timeout_s
         while self.last_step is None or self.last_step.finished_at < self.paused_at or self.last_step.consumed:
-            self._step_arrived.clear()
+            self.arrived.clear()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BackendTimeout(
@@ -239,7 +134,7 @@ class AdminPlane(Workers):
                     "trainer's broadcaster sends the tensors with /update_weights_from_distributed "
                     "through this proxy (see README, Weight updates)" + self._answered_note())
             try:
-                await asyncio.wait_for(self._step_arrived.wait(), left)
+                await asyncio.wait_for(self.arrived.wait(), left)
             except asyncio.TimeoutError:
                 continue
         self.last_step.consumed = True
@@ -252,6 +147,144 @@ class AdminPlane(Workers):
         outcome = f"version {step.version}" if step.ok else "failed"
         return (f"; the last push ({outcome}) was already answered by an earlier /update_weights: each call "
                 "answers for one push that it waited for")
+
+
+@dataclass(kw_only=True)
+class AdminPlane:
+    """The admin plane: the workers' fan-out (sglang/workers.py) and the fleet's state in named parts."""
+
+    settings: Settings
+    workers: Workers
+    # SGLang's calls that set a weight version: path -> the key of their body that names it (the route
+    # table's `version_key`, routes.py).
+    version_keys: Mapping[str, str]
+    weights: WeightRecord = field(default_factory=WeightRecord)
+    control: FleetControl = field(default_factory=FleetControl)
+    fenced: FenceMarks = field(default_factory=FenceMarks)
+    push: NcclPush = field(default_factory=NcclPush)
+    # Workers that updated weights without flushing their prefix cache (flush.py says why).
+    owed_flushes: set[str] = field(default_factory=set)
+    # Set once another process is found updating these workers' weights: this one stops acting (ownership.py).
+    stood_down: str | None = None
+    # What the live picture of SGLang (the connection's, whose snapshot the data path reads) knows of a worker,
+    # or None: the plane reads the fleet's facts there instead of keeping a copy (weight_session.py).
+    facts: Callable[[str], BackendInfo | None] = lambda url: None
+    # Run after every weight update or version change through the admin plane (record_version): the
+    # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
+    after_weights: list[Callable[[], None]] = field(default_factory=list)
+    # Bumped whenever what the data path accepts changes (a --workers mirror and a follower poll it).
+    news: Publication = field(default_factory=lambda: Publication("the fleet's version record"))
+    board: VersionBoard = field(default_factory=VersionBoard)  # what this process's data path reads
+
+    def __post_init__(self) -> None:
+        self.workers.also_reach = lambda: list(self.fenced.router_removed)
+
+    async def worker_urls(self) -> list[str]:
+        return await self.workers.worker_urls()
+
+    async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
+                      timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
+        """Workers.fan_out; a call that sets a weight version marks that version incoming meanwhile."""
+        key = self.version_keys.get(path.split("?", 1)[0])
+        targets = _targets(bodies, key) if key else set()
+        for version in targets:
+            self.weights.incoming[version] = math.inf
+        self.weights.known_versions |= targets
+        if targets:
+            self.note_change()
+        try:
+            return await self.workers.fan_out(method, path, bodies, timeout_s, urls)
+        finally:
+            if targets:
+                until = time.monotonic() + INCOMING_GRACE_S
+                for version in targets:
+                    self.weights.incoming[version] = until
+                self.note_change()
+
+    def version_record(self) -> VersionRecord:
+        if self.settings.fleet_controller:  # a follower: the controller's record, as ownership.py mirrors it
+            return self.board.record
+        now, weights = time.monotonic(), self.weights
+        for version in [v for v, until in weights.incoming.items() if until < now]:
+            del weights.incoming[version]
+        if self.stood_down is not None:  # another process owns the weights: this one judges no reply
+            return VersionRecord(None, None, [], {}, unavailable=None)
+        return VersionRecord(weights.version, weights.initial_version, list(weights.history),
+                             dict(weights.incoming), unavailable=self.unavailable())
+
+    def unavailable(self) -> str | None:
+        """Why no worker can serve a chat now (the data path answers a prompt 503), or None."""
+        if self.control.hold is not None:
+            return "the workers are held paused after a failed weight update (GET /weight_info says why)"
+        fenced = self.fenced.urls
+        if fenced and (set(self.fenced.fleet_urls) <= fenced or self.settings.backend_url in fenced):
+            return ("no healthy worker: every worker the data path reaches is fenced until healed (GET "
+                    "/weight_info names them)")
+        return None
+
+    def note_change(self) -> None:
+        if not self.settings.fleet_controller:
+            self.board.record = self.version_record()
+        self.news.bump()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self):
+        """Hold the fleet for one weight update (or sleep / wake-up / group join) from start to end. A long one
+        says it is still running every PROGRESS_EVERY_S (as vLLM logs a long load). A process that stood down
+        (another one owns these workers' weights) refuses (409)."""
+        if self.stood_down is not None:
+            raise StoodDown(self.stood_down)
+        control = self.control
+        async with control.lock:
+            control.updating, control.started = True, time.monotonic()
+            progress = asyncio.get_running_loop().create_task(self._progress(control.started))
+            try:
+                yield
+            finally:
+                progress.cancel()
+                control.updating, control.started = False, None
+
+    async def _progress(self, started: float) -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            log.info("weight update still running after %.0f s (fleet at version %s)", time.monotonic() - started,
+                     self.weights.version)
+
+    def learn_start(self, backend, workers: Mapping[str, object]) -> None:
+        """Once SGLang is known: the fleet's weights by start.py's rule over every worker's /model_info."""
+        pairs = [(url, info.model_path, info.weight_version) for url, info in workers.items()] or [
+            ("", backend.model_path, backend.weight_version)]
+        state = start_state(pairs)
+        weights = self.weights
+        weights.base_model_path = backend.model_path
+        weights.loaded_path, weights.checkpoint_proven = state.checkpoint, False
+        weights.initial_version = weights.version = state.version
+        weights.known_versions |= state.seen
+        if state.note:
+            log.warning("%s", state.note)
+        self.note_change()
+
+    def mark_paused(self) -> None:
+        """Every worker is paused now (through the proxy)."""
+        self.push.paused_at = time.monotonic()
+        self.control.paused = True
+
+    def record_version(self, version: str | None) -> None:
+        """Every worker serves `version` now: one line per change, with the workers and how long the update
+        took (a weight update is otherwise silent, --disable-log-requests or not); then the after_weights
+        hooks run (also for an update that named no version)."""
+        weights, started = self.weights, self.control.started
+        if version is not None and version != weights.version:
+            took = f" in {time.monotonic() - started:.1f} s" if started is not None else ""
+            log.info("weights updated to version %s on %s%s (was %s)", version,
+                     ", ".join(self.workers.last_urls) or "every worker", took, weights.version)
+            weights.version = version
+            weights.known_versions.add(version)
+            weights.history.append((time.monotonic(), version))
+            self.note_change()
+        for hook in self.after_weights:
+            hook()
+
 
 class StoodDown(InvalidRequest):
     """Another process updates these workers' weights: this one no longer does (fence.py found it)."""

@@ -16,6 +16,7 @@ import orjson
 
 from token_proxy.errors import ProxyError
 from token_proxy.sglang.client import SGLangClient
+from token_proxy.sglang.workers import router_listing
 
 ROUTER_TIMEOUT_S = 10.0
 SETTLE_S = 5.0  # how long a background add or remove may take to show in the list
@@ -24,14 +25,10 @@ SETTLE_POLL_S = 0.05
 
 async def listed(router: SGLangClient) -> dict[str, str]:
     """url -> id of each worker the router lists; {} when the backend is no router (SGLang answers 404)."""
-    status, raw = await _call(router, "GET", "/workers")
     try:
-        workers = orjson.loads(raw).get("workers") if status == 200 else None
-    except (orjson.JSONDecodeError, AttributeError):
-        workers = None
-    if not isinstance(workers, list):
+        return await router_listing(router) or {}
+    except ProxyError:
         return {}
-    return {w["url"].rstrip("/"): str(w.get("id") or w["url"]) for w in workers if isinstance(w, dict) and w.get("url")}
 
 
 async def remove(router: SGLangClient, url: str) -> bool | str:

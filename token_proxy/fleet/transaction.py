@@ -93,7 +93,7 @@ async def _update_from_disk(plane: AdminPlane, path: str, version: str | None, a
                             verify_checksum: bool) -> list[WorkerResult]:
     urls = await plane.worker_urls()
     paused_here = await _pause_unless_paused(plane, urls)
-    before_version, before_path = plane.version, plane.loaded_path
+    before_version, before_path = plane.weights.version, plane.weights.loaded_path
     bodies = await safe_flush(plane, [{"model_path": path, "flush_cache": True, "weight_version": version}]
                               * len(urls), urls)
     replies = await settle_refusals(plane, await plane.fan_out(
@@ -101,9 +101,9 @@ async def _update_from_disk(plane: AdminPlane, path: str, version: str | None, a
     results = await _verify(plane, urls, replies, version, verify_checksum)
     if all(r.ok for r in results):
         plane.record_version(version)
-        plane.loaded_path, plane.hold = path, None
-        plane.checkpoint_proven = True  # this controller loaded it as the fleet's version (a heal may use it)
-        plane.checksum_verified = verify_checksum  # the fence verifies a healed worker the same way
+        plane.weights.loaded_path, plane.control.hold = path, None
+        plane.weights.checkpoint_proven = True  # this controller loaded it as the fleet's version (a heal may use it)
+        plane.weights.checksum_verified = verify_checksum  # the fence verifies a healed worker the same way
         if paused_here:
             await resume_all(plane, urls, f"{action} landed on every worker (version {version}), but resume")
         return results
@@ -115,7 +115,7 @@ async def recover(plane: AdminPlane, urls: list[str], replies: list[WorkerReply]
                   note: str = "") -> NoReturn:
     """A step of an update failed on some worker: roll the fleet back to its checkpoint, or hold it."""
     results = await _verify(plane, urls, replies, expected, False)
-    await _fail(plane, urls, replies, results, action, plane.version, plane.loaded_path, False,
+    await _fail(plane, urls, replies, results, action, plane.weights.version, plane.weights.loaded_path, False,
                 every_worker_changed, status, note)
 
 
@@ -130,13 +130,13 @@ async def push_failed(plane: AdminPlane, urls: list[str], replies: list[WorkerRe
     back to its checkpoint on disk, else HELD (paused, /weight_info inconsistent, /resume 409) until a
     complete push or /resume?force=true. The status says what to do: 503 (retry: join again, push again)
     unless every worker refused the push itself (400). A prime-rl call waiting for this push gets it."""
-    plane.push_open = False
+    plane.push.open = False
     status = push_status(replies)
     note = await destroy_groups(plane, urls)
     try:
         await recover(plane, urls, replies, action, every_worker_changed=True, status=status, note=note)
     except FleetFailed as exc:
-        plane.publish_step(StepResult(False, exc.message, None, exc.status))
+        plane.push.publish(StepResult(False, exc.message, None, exc.status))
         raise
 
 
@@ -155,8 +155,8 @@ def push_status(replies: list[WorkerReply]) -> int:
 
 async def destroy_groups(plane: AdminPlane, urls: list[str]) -> str:
     """/destroy_weights_update_group for every live group on every worker; what to tell the trainer."""
-    names = sorted(plane.live_groups) or ["weight_update_group"]
-    plane.live_groups.clear()
+    names = sorted(plane.push.live_groups) or ["weight_update_group"]
+    plane.push.live_groups.clear()
     left = []
     for name in names:
         replies = await plane.fan_out("POST", "/destroy_weights_update_group", {"group_name": name},
@@ -205,7 +205,7 @@ async def _roll_back_or_hold(plane: AdminPlane, urls: list[str], results: list[W
         after = await _verify(plane, urls, _merge(urls, stale, replies), version, False)
         if all(r.ok for r in after):
             plane.record_version(version)
-            plane.hold = None
+            plane.control.hold = None
             note = f"; every worker rolled back to version {version}" if stale else ""
             if paused_here:
                 try:
@@ -230,7 +230,7 @@ async def _reload(plane: AdminPlane, url: str, body: dict) -> WorkerReply:
     while _down(reply) and time.monotonic() < deadline:
         await asyncio.sleep(RETRY_DOWN_S)
         left = max(deadline - time.monotonic(), 0.1)
-        if plane.paused:  # the rest of the fleet is paused: so must the restarted worker be
+        if plane.control.paused:  # the rest of the fleet is paused: so must the restarted worker be
             (reply,) = await pause_workers(plane, plane.settings.pause_mode, [url], all_or_none=False,
                                            timeout_s=min(left, plane.settings.admin_timeout_s))
             if not reply.ok:
@@ -284,12 +284,8 @@ async def _verify(plane: AdminPlane, urls: list[str], replies: list[WorkerReply]
 async def read_versions(plane: AdminPlane, urls: list[str]) -> dict[str, str | None]:
     """What each worker says it serves (/model_info weight_version); None when it cannot say."""
     replies = await plane.fan_out("GET", "/model_info", None, READ_TIMEOUT_S, urls)
-    versions = {}
-    for reply in replies:
-        body = reply.body if reply.ok else None
-        versions[reply.url] = str(body["weight_version"]) if isinstance(body, dict) and body.get(
-            "weight_version") is not None else None
-    plane.worker_versions.update(versions)
+    versions = {reply.url: reply.weight_version for reply in replies}
+    plane.fenced.worker_versions.update(versions)
     return versions
 
 
@@ -306,7 +302,7 @@ async def read_checksums(plane: AdminPlane, urls: list[str]) -> dict[str, str | 
 
 
 async def _pause_unless_paused(plane: AdminPlane, urls: list[str]) -> bool:
-    if plane.paused:
+    if plane.control.paused:
         return False
     await pause_workers(plane, plane.settings.pause_mode, urls, "pause before the update")
     return True
@@ -322,7 +318,7 @@ async def pause_workers(plane: AdminPlane, mode: str, urls: list[str], action: s
     failed = [r for r in replies if not r.ok]
     if failed and all_or_none:
         note = ""
-        if not plane.paused:
+        if not plane.control.paused:
             await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s,
                                 [r.url for r in replies if r.ok])
             note = "; the workers that paused were resumed (nothing changed)"
@@ -336,12 +332,12 @@ async def resume_all(plane: AdminPlane, urls: list[str], action: str = "resume")
     """/continue_generation on every worker, then the flushes owed; a worker that stays paused is an error
     naming it (the fleet stays recorded as paused, so /resume can be sent again). A worker the fence keeps
     out stays paused: the fence lets it in once it holds the fleet's weights."""
-    urls = [url for url in urls if url not in plane.fenced_urls]
+    urls = [url for url in urls if url not in plane.fenced.urls]
     replies = await plane.fan_out("POST", "/continue_generation", {}, plane.settings.admin_timeout_s, urls)
     if all(r.ok for r in replies):
-        plane.paused = False
-    if plane.spawn is not None:
-        settle_owed_flushes(plane, plane.spawn)
+        plane.control.paused = False
+    if plane.workers.spawn is not None:
+        settle_owed_flushes(plane, plane.workers.spawn)
     raise_for_failures(action, replies)
 
 
@@ -350,27 +346,27 @@ async def _hold(plane: AdminPlane, urls: list[str], message: str, changed: list[
     /weight_info names them while held)."""
     versions = await read_versions(plane, urls)
     await pause_workers(plane, plane.settings.pause_mode, urls, all_or_none=False)
-    plane.hold = {"message": message, "worker_versions": versions, "changed": list(changed or urls)}
+    plane.control.hold = {"message": message, "worker_versions": versions, "changed": list(changed or urls)}
     log.error("fleet held paused: %s", message)
 
 
 def refuse_resume(plane: AdminPlane, force: bool) -> None:
     """/resume refused (409) while a weight update runs (its pause is its own), and while a failed update
     left the workers on different versions (unless forced)."""
-    if plane.updating:
+    if plane.control.updating:
         raise Conflict("a weight update is in progress: it resumes the workers it paused when it ends")
     refuse_resume_while_held(plane, force)
 
 
 def refuse_resume_while_held(plane: AdminPlane, force: bool) -> None:
-    if plane.hold is None:
+    if plane.control.hold is None:
         return
     if force:
-        log.warning("resume forced while held: %s", plane.hold["message"])
-        plane.hold = None
+        log.warning("resume forced while held: %s", plane.control.hold["message"])
+        plane.control.hold = None
         return
-    versions = ", ".join(f"{url}: {v!r}" for url, v in plane.hold["worker_versions"].items())
-    raise Conflict(f"the workers are held paused after a failed weight update ({plane.hold['message']}); "
+    versions = ", ".join(f"{url}: {v!r}" for url, v in plane.control.hold["worker_versions"].items())
+    raise Conflict(f"the workers are held paused after a failed weight update ({plane.control.hold['message']}); "
                    f"versions now: {versions}. Update them all to one version, or POST /resume?force=true "
                    "to serve anyway")
 

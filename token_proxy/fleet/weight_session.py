@@ -8,8 +8,8 @@ already open; call end_weight_update() first"), so a session left open after a f
 every later update: the proxy closes what it opened in a `finally`, whatever the push did (refused,
 timed out, worker gone). `/update_weights_from_disk` is not gated and is never bracketed.
 
-Which workers need it is their own version (`/server_info` `version`, read once per worker:
-`SGLangFeatures.weight_update_session`), so a fleet of mixed releases, or a router that reports no
+Which workers need it is their own version (`/server_info` `version`, as the picture of SGLang holds it,
+else read then: `SGLangFeatures.weight_update_session`), so a fleet of mixed releases, or a router that reports no
 version, is bracketed exactly where SGLang gates. A client that opens the session itself through the
 proxy (SGLang's own dialect) keeps it: the proxy's bracket stands aside until the client's
 `/end_weight_update`.
@@ -37,19 +37,21 @@ END_BODY: dict = {}
 
 
 async def worker_apis(plane: AdminPlane, urls: list[str]) -> list[SGLangFeatures]:
-    """Each worker's API generation, from its /server_info `version` (cached; an unreadable one is
-    asked again next time and meanwhile assumed the newest known, as discovery does)."""
-    missing = [url for url in urls if url not in plane.worker_api]
+    """Each worker's API generation: the picture's (discovery read its /server_info `version`), else read from
+    its /server_info now (a worker the picture lacks; an unreadable one is assumed the newest known, as
+    discovery does)."""
+    known = {url: info.api for url in urls if (info := plane.facts(url)) is not None}
+    missing = [url for url in urls if url not in known]
     if missing:
         for url, info in zip(missing, await server_infos(plane, missing, strict=False)):
             if info:
-                plane.worker_api[url] = features_for(info.get("version"))
-    return [plane.worker_api.get(url) or features_for(None) for url in urls]
+                known[url] = features_for(info.get("version"))
+    return [known.get(url) or features_for(None) for url in urls]
 
 
 async def gated(plane: AdminPlane, urls: list[str]) -> list[str]:
     """The workers whose next distributed / tensor update must run inside a session the proxy opens."""
-    if plane.client_session:
+    if plane.control.client_session:
         return []
     return [url for url, api in zip(urls, await worker_apis(plane, urls)) if api.weight_update_session]
 
@@ -102,6 +104,6 @@ def _refusal(url: str, message: str) -> WorkerReply:
 def note_client_session(plane: AdminPlane, path: str, replies: list[WorkerReply]) -> None:
     """A client's own /begin_weight_update or /end_weight_update, forwarded to every worker."""
     if path == BEGIN and all(r.ok for r in replies):
-        plane.client_session = True
+        plane.control.client_session = True
     elif path == END:
-        plane.client_session = False
+        plane.control.client_session = False

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from token_proxy.long_poll import POLL_WAIT_S, PUBLISH_WAIT_S, RETRY_S, Publication
 from token_proxy.lora.registry import Adapter, AdapterRegistry, Lease
 
 log = logging.getLogger(__name__)
@@ -26,21 +27,11 @@ log = logging.getLogger(__name__)
 # On the --workers owner: AdapterPublisher.published (set by serving/control.py). Absent in one process.
 MAP_PUBLISHED = web.AppKey("adapter_map_published", object)
 
-POLL_WAIT_S = 20.0  # a poll with nothing new returns after this long (then the serving process asks again)
-RETRY_S = 0.5
-# How long a load or unload waits, before it answers, for every serving process to apply the new map; a serving process
-# that has not polled for longer than a poll can last is taken for gone and not waited for.
-PUBLISH_WAIT_S = 5.0
-GONE_AFTER_S = POLL_WAIT_S + 10
-
-
 # --- the owner's side ---------------------------------------------------------------------------
 
 @dataclass
 class _Pins:
     seq: int = -1  # the last report applied (older ones that arrive late are ignored)
-    seen: int = -1  # the map version the serving process last said it applied
-    reported_at: float = 0.0  # loop time of its last report
     offered: dict[int, list[Lease]] = field(default_factory=dict)  # map version -> leases on its adapters
     held: dict[str, Lease] = field(default_factory=dict)  # internal name -> lease (in use there)
 
@@ -50,34 +41,14 @@ class AdapterPublisher:
 
     def __init__(self, registry: AdapterRegistry):
         self.registry = registry
-        self.version = 0
-        self._changed = asyncio.Event()
+        self.map = Publication("LoRA adapter map")  # its seq is the map's version
         self._processes: dict[int, _Pins] = {}
-        self._reported = asyncio.Event()
-        registry.on_change = self._bump
-
-    def _bump(self) -> None:
-        self.version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
+        registry.on_change = self.map.bump
 
     async def published(self, timeout_s: float = PUBLISH_WAIT_S) -> bool:
-        """Wait until every live serving process applied the current map, so that a load or unload answered now is
-        what every process serves at once (vLLM answers from one process). False if one did not in time."""
-        version, loop = self.version, asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            now = loop.time()
-            behind = [w for w, pins in self._processes.items()
-                      if pins.seen < version and now - pins.reported_at < GONE_AFTER_S]
-            if not behind:
-                return True
-            if now >= deadline:
-                log.warning("LoRA adapter map %d not yet applied by --workers process(es) %s after %.0f s",
-                            version, behind, timeout_s)
-                return False
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._reported.wait(), deadline - now)
+        """Every live serving process applied the current map (long_poll.py), so that a load or unload answered
+        now is what every process serves at once. False if one did not in time."""
+        return await self.map.published(timeout_s)
 
     def report(self, process: int, seq: int, seen: int, held: list[str]) -> None:
         """A serving process applied map `seen` and its requests hold `held` now. New leases are taken before
@@ -85,9 +56,8 @@ class AdapterPublisher:
         pins = self._processes.setdefault(process, _Pins())
         if seq <= pins.seq:
             return
-        pins.seq, pins.seen, pins.reported_at = seq, max(pins.seen, seen), asyncio.get_running_loop().time()
-        self._reported.set()  # wakes every waiting `published`; the next report sets a new event
-        self._reported = asyncio.Event()
+        pins.seq = seq
+        self.map.applied(process, seen)
         known = {adapter.internal: adapter for adapter in self.registry.held()}
         for internal in held:
             if internal not in pins.held and internal in known:
@@ -98,18 +68,13 @@ class AdapterPublisher:
             for lease in pins.offered.pop(version):
                 lease.release()
 
-    async def wait_for_change(self, seen: int, timeout_s: float) -> None:
-        if seen == self.version:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout_s)
-
     def offer(self, process: int) -> dict:
         """The current map, for serving process `process`: its adapters stay loaded until the serving process moves past it."""
         pins = self._processes.setdefault(process, _Pins())
-        adapters = self.registry.adapters()
-        if self.version not in pins.offered:
-            pins.offered[self.version] = [self.registry.hold(adapter) for adapter in adapters]
-        return {"version": self.version, "adapters": [dataclasses.asdict(a) for a in adapters]}
+        adapters, version = self.registry.adapters(), self.map.seq
+        if version not in pins.offered:
+            pins.offered[version] = [self.registry.hold(adapter) for adapter in adapters]
+        return {"version": version, "adapters": [dataclasses.asdict(a) for a in adapters]}
 
     def in_use_by_processes(self) -> dict[str, int]:
         """Internal name -> serving processes whose requests hold it now (for tests and logs)."""

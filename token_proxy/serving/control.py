@@ -39,7 +39,7 @@ async def adapters_poll(request: web.Request) -> web.Response:
     publisher = request.app[PUBLISHER]
     process = int(body["process"])
     publisher.report(process, int(body["seq"]), int(body["seen"]), [str(i) for i in body.get("held", [])])
-    await publisher.wait_for_change(int(body["seen"]), float(body.get("wait", 20.0)))
+    await publisher.map.wait_for_change(int(body["seen"]), float(body.get("wait", 20.0)))
     return json_response(publisher.offer(process))
 
 
@@ -48,7 +48,7 @@ async def news_poll(request: web.Request) -> web.Response:
     news = request.app[NEWS]
     seen = int(body["seen"])
     news.report(int(body["process"]), seen, [str(key) for key in body.get("dropped", [])])
-    await news.wait_for_change(seen, float(body.get("wait", 20.0)))
+    await news.feed.wait_for_change(seen, float(body.get("wait", 20.0)))
     return json_response(news.offer(seen))
 
 
@@ -59,8 +59,8 @@ async def lora_sync(request: web.Request) -> web.Response:
 async def fleet_versions(request: web.Request) -> web.Response:
     body = await read_json(request)
     plane = request.app[ADMIN_PLANE]
-    await plane.wait_for_change(int(body.get("seen", -1)), min(float(body.get("wait", 0.0)), 60.0))
-    return json_response({"seq": plane.changes, **plane.version_record().as_dict()})
+    await plane.news.wait_for_change(int(body.get("seen", -1)), min(float(body.get("wait", 0.0)), 60.0))
+    return json_response({"seq": plane.news.seq, **plane.version_record().as_dict()})
 
 
 async def owner_ready(request: web.Request) -> web.Response:

@@ -35,7 +35,7 @@ from token_proxy.sglang import config_checks
 from token_proxy.sglang.client import SGLangClient
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
 from token_proxy.sglang.versions import KNOWN_RANGE, features_for
-from token_proxy.sglang.workers import DISCOVERY_TIMEOUT_S, _listed_urls
+from token_proxy.sglang.workers import router_listing
 from token_proxy.tokenization.fast_bpe import load_fast_bpe
 from token_proxy.tokenization.loader import (
     TokenizerInfo,
@@ -100,13 +100,12 @@ async def worker_urls(client: SGLangClient, settings: Settings) -> list[str]:
     if settings.workers:
         return [url.rstrip("/") for url in settings.workers]
     try:
-        status, raw, _ = await client.call("GET", "/workers", None, DISCOVERY_TIMEOUT_S)
+        listed = await router_listing(client)
     except ProxyError:
-        status, raw = 0, b""
-    listed = _listed_urls(raw) if status == 200 else None  # a plain SGLang answers 404
-    if listed == []:
+        listed = None
+    if listed == {}:
         raise RuntimeError(f"the router at {client.base_url} lists no workers yet (GET /workers)")
-    return listed or [client.base_url]
+    return list(listed or {}) or [client.base_url]
 
 
 async def discover_one(client: SGLangClient, settings: Settings) -> BackendInfo:

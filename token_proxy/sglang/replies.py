@@ -4,7 +4,8 @@ One home for SGLang's reply shapes, read by every caller: the stream's SSE event
 sglang/events.py's decoder imports), a non-200 answer (`error_from_status`), a JSON body that is
 not (`loads`, `invalid_json`), and SGLang's words for an adapter a worker does not hold
 (`is_lost_adapter`, a retry rule's test), the weight versions a reply carries (`weight_versions`, the
-stale-weights rule's).
+stale-weights rule's), SGLang's words in any error body (`message_of`) and sglang-router's worker list
+(`router_workers`).
 """
 
 from __future__ import annotations
@@ -105,14 +106,26 @@ def error_from_body(event: dict) -> ProxyError:
 
 
 def message_of(parsed) -> str | None:
+    """SGLang's own words in a JSON body: `error.message` (or `error`), `message`, `error_message`, `detail`."""
     if not isinstance(parsed, dict):
         return None
     error = parsed.get("error")
-    if isinstance(error, dict):
-        return error.get("message")
-    if isinstance(error, str):
-        return error
-    return parsed.get("message")
+    text = ((error.get("message") if isinstance(error, dict) else error) or parsed.get("message")
+            or parsed.get("error_message") or parsed.get("detail"))
+    return str(text) if text else None
+
+
+def router_workers(raw: bytes) -> dict[str, str] | None:
+    """sglang-router's GET /workers: url -> id of each worker it lists (sglang-router 0.3 names each by a
+    UUID; an older one by its url), or None when the body is no such list (a plain SGLang answers 404)."""
+    try:
+        workers = orjson.loads(raw).get("workers")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(workers, list):
+        return None
+    return {w["url"].rstrip("/"): str(w.get("id") or w["url"]) for w in workers
+            if isinstance(w, dict) and isinstance(w.get("url"), str) and w["url"]}
 
 
 def is_lost_adapter(message: str) -> bool:
@@ -129,3 +142,8 @@ def weight_versions(items) -> set[str]:
         if version is not None:
             out.add(str(version))
     return out
+
+
+def version_text(value) -> str | None:
+    """A weight version as a body carries it (a string, or a number a client sent), as text; None: absent."""
+    return None if value is None else str(value)

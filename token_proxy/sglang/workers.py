@@ -2,7 +2,7 @@
 
 The data path goes to one URL (a server or an sglang-router); weight updates, pauses and LoRA loads must
 reach every server. The worker list is the --worker flags, else what the router lists at /workers, else
-the backend itself. The admin plane's state (pause, versions, flushes) is fleet/plane.py's, on top.
+the backend itself. The admin plane (fleet/plane.py) holds this fan-out beside its state.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
+from token_proxy.sglang.replies import message_of, router_workers, version_text
 
 log = logging.getLogger("token_proxy.fleet.plane")  # the fan-out's lines keep the admin plane's logger
 
@@ -59,24 +60,24 @@ class WorkerReply:
             isinstance(body, dict) and body.get("success") is False)
 
     @property
+    def weight_version(self) -> str | None:
+        """The weight version a successful reply names (/model_info's), or None."""
+        body = self.body if self.ok else None
+        return version_text(body.get("weight_version")) if isinstance(body, dict) else None
+
+    @property
     def message(self) -> str:
-        """SGLang's own words: `message`, `error_message`, `error.message`, `detail`, or the text."""
+        """SGLang's own words (replies.message_of), or the text."""
         if self.error is not None:
             return self.error.message
         body = self.body
-        if isinstance(body, dict):
-            error = body.get("error")
-            text = (body.get("message") or body.get("error_message") or body.get("detail")
-                    or (error.get("message") if isinstance(error, dict) else error))
-            if text:
-                return str(text)
-        text = body.strip() if isinstance(body, str) else ""
+        text = message_of(body) or (body.strip() if isinstance(body, str) else "")
         return text or f"HTTP {self.status}"
 
 
 @dataclass
 class Workers:
-    """Every SGLang server behind the backend URL, and one call on all of them (the admin plane's base)."""
+    """Every SGLang server behind the backend URL, and one call on all of them (the admin plane holds it)."""
 
     settings: Settings
     client: SGLangClient  # the data-path backend (server or router)
@@ -86,11 +87,13 @@ class Workers:
 
     # The servers the last worker_urls() named (for log lines that cannot wait for the router).
     last_urls: tuple[str, ...] = ()
+    # Workers a call reaches although the list above omits them (the fence's, taken out of the router's list).
+    also_reach: Callable[[], list[str]] = list
 
     async def worker_urls(self) -> list[str]:
         urls = await self._worker_urls()
         self.last_urls = tuple(urls)
-        return urls
+        return urls + [url for url in self.also_reach() if url not in urls]
 
     async def _worker_urls(self) -> list[str]:
         if self.settings.workers:
@@ -102,12 +105,10 @@ class Workers:
         return [self.client.base_url]
 
     async def _router_workers(self) -> list[str]:
-        """sglang-router lists its workers at GET /workers; a plain SGLang server answers 404."""
         try:
-            status, raw, _ = await self.client.call("GET", "/workers", None, DISCOVERY_TIMEOUT_S)
+            listed = list(await router_listing(self.client) or {})
         except ProxyError as exc:
             raise WorkerFailed(exc.status, f"cannot list the router's workers: {exc.message}") from exc
-        listed = _listed_urls(raw) if status == 200 else None
         if self.behind_router is None:
             self.behind_router = bool(listed)
             if listed:
@@ -162,6 +163,13 @@ class Workers:
         return WorkerReply(url, status, data, content_type)
 
 
+async def router_listing(client: SGLangClient) -> dict[str, str] | None:
+    """sglang-router's workers at GET /workers (url -> id, replies.router_workers), or None when the backend is
+    no router (a plain SGLang server answers 404). A call that fails raises its ProxyError."""
+    status, raw, _ = await client.call("GET", "/workers", None, DISCOVERY_TIMEOUT_S)
+    return router_workers(raw) if status == 200 else None
+
+
 class Aborted(ProxyError):
     """A fan-out call the proxy stopped waiting for because another worker had failed first."""
 
@@ -170,17 +178,6 @@ class Aborted(ProxyError):
 
 def aborted(url: str, first: WorkerReply) -> WorkerReply:
     return WorkerReply(url, 0, error=Aborted(f"not waited for: {first.url} failed first ({first.message})"))
-
-
-def _listed_urls(raw: bytes) -> list[str] | None:
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    workers = data.get("workers") if isinstance(data, dict) else None
-    if not isinstance(workers, list):
-        return None
-    return [w["url"].rstrip("/") for w in workers if isinstance(w, dict) and isinstance(w.get("url"), str)]
 
 
 async def server_infos(plane: Workers, urls: list[str], strict: bool = True) -> list[dict]:
@@ -222,5 +219,5 @@ def failure_status(failed: list[WorkerReply]) -> int:
     return codes[0] if codes else 400  # a refusal; {"success": false} can come under a 200
 
 
-# The fan-out the admin plane set up (the AdminPlane itself): what LoRA loads and syncs through.
+# The fan-out the admin plane holds: what LoRA loads and syncs through.
 WORKERS: web.AppKey[Workers] = web.AppKey("sglang_workers", Workers)
