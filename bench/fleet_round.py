@@ -39,9 +39,10 @@ Each rollout ends as:
   mislabelled  ok or stale, but its version label was seen, during its phase, on a worker whose weights are not
          that version's (the weights checksum SGLang's /weights_checker gives, against the checksum the driver
          recorded when that version landed): an upper bound, as the driver does not know which worker served it
-  refused  a prompt 503 with Retry-After sent while the driver itself had left no healthy worker (findings-2-3:
-         both workers reset behind the proxy's back, until the transaction brings them back): what issue 37
-         asks of the proxy then, so reported apart, not as lost
+  refused  a prompt 503 with Retry-After sent while the driver itself had left no healthy worker (failed-push:
+         the fleet held paused after the failed push, until the retry lands; findings-2-3: both workers reset
+         behind the proxy's back, until the transaction brings them back): what issue 37 asks of the proxy
+         then (no chat waits on paused workers), so reported apart, not as lost
   lost   anything else: an error status, a dropped connection, a stream cut short or without [DONE]
 and counts in the phase during which it was sent; sent = ok + stale + mislabelled + refused + lost. The bar is
 0 lost, 0 stale, 0 mislabelled. The fleet's version is the driver's own record: what the last push that succeeded
@@ -639,12 +640,15 @@ class Round:
     async def failed_push(self) -> None:
         group = "fleet-retry"
         version = self.new_version("bad")
+        self.load.no_healthy = True  # held after the failed push until the retry lands: a prompt 503 is asked
         await self.primerl_step(version, "wrong", group, expect_ok=False)
         await self.admin("GET", "/weight_info")
         self.trainer_note("close after the failure", await self.trainer.call({"op": "close", "announce": False}, 60))
         # the retry: the same group name, a new join and push (the proxy must have destroyed the old group)
         retry = self.new_version("retry")
-        if await self.primerl_step(retry, "perturb", group):
+        landed = await self.primerl_step(retry, "perturb", group)
+        self.load.no_healthy = False
+        if landed:
             await self.close_group(group)
         else:
             await self.admin("POST", "/resume?force=true", expect=(200, 409))
