@@ -15,6 +15,7 @@ import pytest
 from tests.admin.test_fleet import inject, state, url_of, weights_dir
 from tests.support.admin_fixtures import proxy_url, until
 from tests.support.prime_rl_admin import AdminCallFailed, PrimeRLAdmin
+from token_proxy.broadcast import BroadcastError, SGLangBroadcaster
 from token_proxy.fleet import ADMIN
 from token_proxy.simulator import params
 from token_proxy.simulator.weight_routes import WEIGHTS
@@ -122,3 +123,15 @@ async def test_a_world_too_small_for_a_node_is_that_proxys_400(nodes, monkeypatc
     statuses = await trainer.init_nccl_broadcast("127.0.0.1", 29502, 5, inference_world_size=NODES)
     assert statuses == [200, 200, 400]
     assert "weight_update_group" not in sims[2][0].app[WEIGHTS].groups
+
+
+def test_rank_offsets_follow_prime_rls_rule_and_refuse_an_uneven_world():
+    trainer = SGLangBroadcaster(url=["http://a", "http://b", "http://c"], master_address="127.0.0.1",
+                                master_port=1, inference_world_size=6)
+    assert trainer._rank_offsets() == [1, 3, 5]
+    assert SGLangBroadcaster(url="http://a", master_address="h", master_port=1, inference_world_size=4
+                             )._rank_offsets() == [1]
+    uneven = SGLangBroadcaster(url=["http://a", "http://b"], master_address="h", master_port=1,
+                               inference_world_size=3)
+    with pytest.raises(BroadcastError, match="inference_world_size 3 is not a multiple of the 2 servers"):
+        uneven._rank_offsets()

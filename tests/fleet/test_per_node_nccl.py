@@ -114,14 +114,3 @@ async def test_one_push_lands_the_exact_values_on_every_worker_of_every_node(mak
             response = await proxy.post("/destroy_weights_update_group", json={"group_name": "weight_update_group"})
             assert response.status == 200
 
-
-def test_rank_offsets_follow_prime_rls_rule_and_refuse_an_uneven_world():
-    trainer = SGLangBroadcaster(url=["http://a", "http://b", "http://c"], master_address="127.0.0.1",
-                                master_port=1, inference_world_size=6)
-    assert trainer._rank_offsets() == [1, 3, 5]
-    assert SGLangBroadcaster(url="http://a", master_address="h", master_port=1, inference_world_size=4
-                             )._rank_offsets() == [1]
-    uneven = SGLangBroadcaster(url=["http://a", "http://b"], master_address="h", master_port=1,
-                               inference_world_size=3)
-    with pytest.raises(Exception, match="inference_world_size 3 is not a multiple of the 2 servers"):
-        uneven._rank_offsets()
