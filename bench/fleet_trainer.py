@@ -7,7 +7,8 @@ SGLang's weight-update group and pushes through token_proxy.broadcast, driven by
 Each command is one JSON object on a line; each answer one line starting with "@@ " and a JSON object
 {"ok": bool, "error": str, "seconds": float, ...}. Commands ("op"):
   env                                     torch / NCCL versions and NCCL_CUMEM_ENABLE as this process sees it
-  init {port, group, world, announce}     SGLangBroadcaster.init (announce false: prime-rl's /init_broadcaster joins)
+  init {port, group, world, announce, url} SGLangBroadcaster.init (announce false: prime-rl's /init_broadcaster joins);
+                                          url: the proxy this group's pushes go through (default --url)
   push {version, mode}                    update(): mode perturb (new values), restore (the checkpoint's), wrong
                                           (a wrong shape in the middle of the model: SGLang refuses it)
   close {announce}                        close(); errors reported, the local group left in any case
@@ -87,7 +88,7 @@ class Trainer:
     def _caster(self, cmd):
         from token_proxy.broadcast import SGLangBroadcaster
 
-        return SGLangBroadcaster(url=self.args.url, master_address="127.0.0.1", master_port=int(cmd["port"]),
+        return SGLangBroadcaster(url=cmd.get("url") or self.args.url, master_address="127.0.0.1", master_port=int(cmd["port"]),
                                  inference_world_size=int(cmd["world"]), group_name=cmd.get("group", "weight_update_group"),
                                  backend=self.args.backend, device=self.args.device, timeout_s=self.args.timeout)
 

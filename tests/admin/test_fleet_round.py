@@ -104,10 +104,10 @@ def test_markdown_table(fleet):
                          {"served 'default' while the fleet held ['7']": 6}, {"7": 6, "default": 6}, False)
     assert fleet.markdown([row, bad], "Fleet round").splitlines() == [
         "### Fleet round", "",
-        "| phase | seconds | sent | ok | lost | served stale | streamed | pass |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-        "| disk | 7.10 | 441 | 441 | 0 | 0 | 220 | yes |",
-        "| kill-b | 40.00 | 12 | 6 | 0 | 6 | 0 | NO |",
+        "| phase | seconds | sent | ok | lost | served stale | mislabelled | refused | streamed | pass |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| disk | 7.10 | 441 | 441 | 0 | 0 | 0 | 0 | 220 | yes |",
+        "| kill-b | 40.00 | 12 | 6 | 0 | 6 | 0 | 0 | 0 | NO |",
         "",
         "- **disk**: POST /pause 200 0.01s; versions served {'7': 441}",
         "- **kill-b**: kill -9 worker B: exit 0; versions served {'7': 6, 'default': 6}",
@@ -116,5 +116,41 @@ def test_markdown_table(fleet):
 
 def test_phases_and_defaults(fleet):
     args = fleet.parse_args(["--proxy", "http://p", "--worker", "http://a", "--worker", "http://b", "--weights", "sim"])
-    assert args.phases == ["steady", "nccl-primerl", "nccl-vllm", "failed-push", "disk", "kill-b", "nccl-after"]
+    assert args.phases == ["steady", "nccl-primerl", "nccl-vllm", "failed-push", "disk", "kill-b", "nccl-after",
+                           "proxy-restart", "replica", "findings-2-3"]
+    assert args.router is None and args.proxy_script == "bash tests/e2e/fleet_proxy.sh"
     assert (args.backend, args.device, args.after_kill_s) == ("nccl", None, 80.0)
+
+
+def test_phases_that_start_proxies_need_the_router(fleet):
+    base = ["--proxy", "http://p", "--worker", "http://a", "--weights", "sim"]
+    with pytest.raises(SystemExit, match=r"--router is needed by the phases \['replica'\]"):
+        fleet.main([*base, "--phases", "steady", "replica"])
+    args = fleet.parse_args([*base, "--router", "http://r", "--phases", "proxy-restart", "findings-2-3"])
+    assert (args.router, args.phases) == ("http://r", ["proxy-restart", "findings-2-3"])
+
+
+def test_a_label_seen_on_other_weights_makes_its_replies_mislabelled(fleet):
+    rollouts = [fleet.Rollout("findings-2-3", False, 0, 1, "ok", "", "other-5"),
+                fleet.Rollout("findings-2-3", True, 0, 1, "ok", "", "disk-6"),
+                fleet.Rollout("findings-2-3", False, 0, 1, "stale", "served 'other-5' while ...", "other-5"),
+                fleet.Rollout("findings-2-3", False, 0, 1, "lost", "503: x", "other-5"),
+                fleet.Rollout("findings-2-3", False, 0, 1, "refused", "503: no healthy SGLang worker", None),
+                fleet.Rollout("replica", False, 0, 1, "ok", "", "other-5")]
+    actions = {"findings-2-3": (1.0, [], True), "replica": (1.0, [], True)}
+    row, replica = fleet.rows_of(["findings-2-3", "replica"], rollouts, actions, {"findings-2-3": {"other-5"}})
+    assert (row.sent, row.ok, row.stale, row.mislabelled, row.refused, row.lost) == (5, 1, 0, 2, 1, 1)
+    assert row.reasons["label 'other-5' on other weights"] == 1
+    assert not row.passed
+    assert (replica.ok, replica.mislabelled, replica.passed) == (1, 0, True)  # only the phase it was seen in
+    refused_only = fleet.rows_of(["findings-2-3"], rollouts[1:2] + rollouts[4:5], actions)[0]
+    assert (refused_only.ok, refused_only.refused, refused_only.passed) == (1, 1, True)
+
+
+def test_fence_counts_read_from_metrics(fleet):
+    text = ("# HELP token_proxy_fence_events_total Workers fenced\n# TYPE token_proxy_fence_events_total counter\n"
+            'token_proxy_fence_events_total{event="fenced"} 1.0\n'
+            'token_proxy_fence_events_total{event="healed"} 0.0\n'
+            'token_proxy_fenced_workers{reason="x",url="http://b"} 1.0\n')
+    assert fleet.fence_counts(text) == {"fenced": 1.0, "healed": 0.0}
+    assert fleet.fence_counts("") == {}

@@ -102,23 +102,25 @@ case "$mode" in
     curl -s http://127.0.0.1:$RP/workers | head -c 300; echo
     healthy http://127.0.0.1:$RP/health || { tail -30 $F/router.log; cp $F/*.log "$OUT/"; exit 1; }
     log "router up"
-    if [ -f $F/proxy.pid ]; then kill -- -"$(cat $F/proxy.pid)" 2>/dev/null; sleep 1; fi
-    setsid $PY -m token_proxy --backend http://127.0.0.1:$RP --worker http://127.0.0.1:$AP \
-      --worker http://127.0.0.1:$BP --host 127.0.0.1 --port $PP --tokenizer "$TOK" > $F/proxy.log 2>&1 &
-    echo $! > $F/proxy.pid
+    export FLEET_TOK=$TOK FLEET_PYTHON=$PY
+    bash tests/e2e/fleet_proxy.sh kill proxy > /dev/null
     # no --context-length: behind the router the proxy learns it from the workers (issue 28, point 1)
-    for _ in $(seq 1 120); do healthy http://127.0.0.1:$PP/health && break; sleep 0.5; done
-    healthy http://127.0.0.1:$PP/health || { tail -30 $F/proxy.log; cp $F/*.log "$OUT/"; exit 1; }
+    bash tests/e2e/fleet_proxy.sh start proxy $PP --backend http://127.0.0.1:$RP --worker http://127.0.0.1:$AP \
+      --worker http://127.0.0.1:$BP || { cp $F/*.log "$OUT/" 2>/dev/null; exit 1; }
     log "proxy up"; head -40 $F/proxy.log
     if [ "$SIM" = 1 ]; then trainer="--weights sim --backend gloo --trainer-python ${FLEET_TRAINER_PYTHON:-python3}"
     else trainer="--weights $MODEL --backend nccl --device cuda --trainer-gpu 0 --push-timeout 30"; fi
     # shellcheck disable=SC2086
-    timeout "${FLEET_LIMIT:-480}" $PY bench/fleet_round.py --proxy http://127.0.0.1:$PP \
+    timeout "${FLEET_LIMIT:-500}" $PY bench/fleet_round.py --proxy http://127.0.0.1:$PP \
       --worker http://127.0.0.1:$AP --worker http://127.0.0.1:$BP $trainer --trainer-log "$OUT/trainer.log" \
       --kill-b "kill -9 -- -\$(cat $F/B.pid)" --restart-b "bash tests/e2e/fleet_worker.sh B 2 $BP" \
+      --router http://127.0.0.1:$RP --proxy-script "bash tests/e2e/fleet_proxy.sh" \
+      ${FLEET_PHASES:+--phases $FLEET_PHASES} \
       --title "Fleet round ($( [ "$SIM" = 1 ] && echo simulators, gloo || echo '4 GPUs: SGLang 0.5.17 x2, sglang-router 0.3.2, NCCL'))" \
       --md-out "$OUT/fleet.md" --json-out "$OUT/fleet.json" ${FLEET_ARGS:-} 2>&1 | tee "$OUT/fleet.log" | tail -60
     rc=${PIPESTATUS[0]}
+    for extra in replica other; do bash tests/e2e/fleet_proxy.sh kill $extra > /dev/null; done
+    for extra in replica other; do [ -f $F/$extra.log ] && tail -c 1000000 $F/$extra.log > "$OUT/$extra.log"; done
     # the proxy's access log has a JSON line per rollout (~0.5 kB; 100k+ here): keep the rest, and its tail
     { grep -v '^{"ts"' $F/proxy.log | tail -c 3000000; tail -n 2000 $F/proxy.log; } > "$OUT/proxy.log" 2>/dev/null
     tail -c 3000000 $F/router.log > "$OUT/router.log" 2>/dev/null

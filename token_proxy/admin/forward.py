@@ -124,7 +124,7 @@ def note_step(plane: AdminPlane, body: dict, replies: list[WorkerReply]) -> None
     plane.weights.loaded_path = None  # the weights came over NCCL: no checkpoint on disk holds them
     if plane.control.hold is not None:
         log.info("a complete NCCL push (version %s) reached every worker: the hold ends", version)
-        plane.control.hold = None
+        fleet.set_hold(plane, None)
     plane.push.publish(StepResult(True, "weights received", version))
 
 

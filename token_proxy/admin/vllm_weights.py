@@ -186,7 +186,7 @@ async def finish(plane: AdminPlane, update: OpenUpdate, version: str | None, act
         stand_ins = [fleet.stand_in(url) for url in urls]
         await fleet.recover(plane, urls, stand_ins, action, every_worker_changed=True, expected=version)
     plane.record_version(version or versions[urls[0]])
-    plane.control.hold = None
+    fleet.set_hold(plane, None)
     update.finish()
     await flush_or_owe(plane, urls)
 

@@ -7,6 +7,10 @@
     caster.update(model.state_dict().items(), version="step-12")
     caster.close()
 
+One proxy per inference node (README "Layouts"): pass every proxy, `SGLangBroadcaster(["http://node1:8000",
+"http://node2:8000"], ..., inference_world_size=16)`; each call goes to all of them, and each proxy's ranks
+start at 1 + i * inference_world_size / len(url) (prime-rl's rank_offset rule).
+
 torch is an optional extra (`pip install sglang-token-proxy[broadcast]`).
 """
 

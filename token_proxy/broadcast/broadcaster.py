@@ -15,12 +15,12 @@ import concurrent.futures
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from token_proxy.broadcast.errors import BroadcastError
 from token_proxy.broadcast.group import abort_group, join_group, leave_group
-from token_proxy.broadcast.http_call import HTTPCall
+from token_proxy.broadcast.http_call import FanOutCall, HTTPCall
 from token_proxy.broadcast.nccl_env import match_sglang
 
 __all__ = ["BroadcastError", "SGLangBroadcaster"]
@@ -36,7 +36,8 @@ BACKSTOP_MARGIN_S = 30.0
 
 @dataclass
 class SGLangBroadcaster:
-    url: str  # the proxy (fans out to every worker) or one SGLang server
+    url: str | Sequence[str]  # the proxy (fans out to every worker), one SGLang server, or several proxies
+    # (one per inference node, each in front of inference_world_size / len(url) ranks: every call goes to all)
     master_address: str  # where this trainer process is reachable from the SGLang hosts
     master_port: int
     inference_world_size: int = 1  # SGLang ranks in the group, over all workers (sum of tp sizes)
@@ -49,7 +50,7 @@ class SGLangBroadcaster:
     def __post_init__(self) -> None:
         self._group = None
         self._announced = False  # init() asked the engine to join: a failed push asks it to leave
-        self._cleanup: HTTPCall | None = None  # that request, waited for by the next init()
+        self._cleanup: HTTPCall | FanOutCall | None = None  # that request, waited for by the next init()
         self._stuck: tuple[concurrent.futures.Future, int] | None = None  # an aborted push's collective, port
 
     def init(self, announce: bool = True) -> None:
@@ -64,7 +65,7 @@ class SGLangBroadcaster:
         world_size = self.inference_world_size + 1
         body = {"master_address": self.master_address, "master_port": self.master_port, "rank_offset": 1,
                 "world_size": world_size, "group_name": self.group_name, "backend": self.backend}
-        call = self._call("/init_weights_update_group", body) if announce else None
+        call = self._call("/init_weights_update_group", body, self._rank_offsets()) if announce else None
         join = _spawn(join_group, self.master_address, self.master_port, 0, world_size, self.group_name,
                       self.backend, self.timeout_s, self.timeout_s + BACKSTOP_MARGIN_S)
         where = f"tcp://{self.master_address}:{self.master_port}"
@@ -148,7 +149,7 @@ class SGLangBroadcaster:
                 self._stuck = (push, self.master_port)
             raise
 
-    def _race(self, work: concurrent.futures.Future, call: HTTPCall | None, action: str, late: str,
+    def _race(self, work: concurrent.futures.Future, call: HTTPCall | FanOutCall | None, action: str, late: str,
               broken: str) -> None:
         """Until `work` is done and the engine answered 200, within `timeout_s`; the first failure raises:
         the engine refusing (e.g. the proxy's validation) ends it at once, since no peer will come."""
@@ -200,8 +201,26 @@ class SGLangBroadcaster:
         if status != 200:
             raise BroadcastError(f"{action} failed ({status}): {message}")
 
-    def _call(self, path: str, body: dict) -> HTTPCall:
-        return HTTPCall(f"{self.url.rstrip('/')}{path}", body, self.timeout_s + BACKSTOP_MARGIN_S)
+    @property
+    def urls(self) -> list[str]:
+        return [self.url] if isinstance(self.url, str) else list(self.url)
+
+    def _rank_offsets(self) -> list[int]:
+        """Each server's first rank: prime-rl's rule (utils/client.py init_nccl_broadcast), every server
+        inference_world_size / servers ranks, after the trainer's rank 0."""
+        per_server, extra = divmod(self.inference_world_size, len(self.urls))
+        if extra:
+            raise BroadcastError(f"inference_world_size {self.inference_world_size} is not a multiple of the "
+                                 f"{len(self.urls)} servers: each server must hold as many ranks")
+        return [1 + i * per_server for i in range(len(self.urls))]
+
+    def _call(self, path: str, body: dict, rank_offsets: list[int] | None = None) -> HTTPCall | FanOutCall:
+        timeout_s = self.timeout_s + BACKSTOP_MARGIN_S
+        if isinstance(self.url, str):
+            return HTTPCall(f"{self.url.rstrip('/')}{path}", body, timeout_s)
+        offsets = rank_offsets or [None] * len(self.urls)
+        return FanOutCall([(f"{url.rstrip('/')}{path}", body if offset is None else {**body, "rank_offset": offset})
+                           for url, offset in zip(self.urls, offsets)], timeout_s)
 
 
 def _spawn(function: Callable, *args) -> concurrent.futures.Future:

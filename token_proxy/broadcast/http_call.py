@@ -59,6 +59,36 @@ class HTTPCall:
         self.future.set_result(_result(status, raw))
 
 
+class FanOutCall:
+    """The same call to several servers at once (one proxy per inference node, issue 37): `future` resolves
+    to the first failure, named by its server, as soon as one fails, else to (200, the last message) once
+    all answered; `cancel()` cancels every call."""
+
+    def __init__(self, calls: list[tuple[str, dict]], timeout_s: float):
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self._urls = [url for url, _ in calls]
+        self._calls = [HTTPCall(url, body, timeout_s) for url, body in calls]
+        self._left = len(self._calls)
+        self._lock = threading.Lock()
+        for url, call in zip(self._urls, self._calls):
+            call.future.add_done_callback(lambda done, url=url: self._done(url, done.result()))
+
+    def _done(self, url: str, result: tuple[int, str]) -> None:
+        with self._lock:
+            self._left -= 1
+            if self.future.done():
+                return
+            status, message = result
+            if status != 200:
+                self.future.set_result((status, f"{url.split('/', 3)[2]}: {message}"))
+            elif self._left == 0:
+                self.future.set_result(result)
+
+    def cancel(self) -> None:
+        for call in self._calls:
+            call.cancel()
+
+
 def _result(status: int, raw: bytes) -> tuple[int, str]:
     """(status, SGLang's or the proxy's message); {"success": false} under 200 counts as 400."""
     message = _message(raw)

@@ -13,6 +13,12 @@ with `success: false` (FLUSH_REFUSED) and the old weight_version. The deferred f
 every version (sending flush_cache there would report a failed update although the weights changed);
 a worker whose load could not be read and refused the flush anyway is settled by `settle_refusals`.
 
+While the fleet is paused, requests reach a paused worker at any moment (they queue there), so one that had
+none when its load was read may have some when the update's own flush runs: SGLang 0.5.17 dies then (issue 37,
+finding 3; the fleet round's findings-2-3 phase hit it on the simulator). A paused scheduler computes nothing
+until /resume, so there the flush runs first, on its own (`/flush_cache`: a harmless 400 if requests are
+pending, then owed as above), and the update itself never flushes.
+
 Loads come from GET /v1/loads?include=core (0.5.17 onward); /get_load was a shim over it, gone in 0.5.21.
 """
 
@@ -42,6 +48,8 @@ async def safe_flush(plane: AdminPlane, bodies: list[dict], urls: list[str]) -> 
     wants = [b.get("flush_cache", True) for b in bodies]
     if not any(wants):
         return bodies
+    if plane.control.paused:
+        return await _flush_first(plane, bodies, urls, wants)
     loads = await plane.fan_out("GET", LOADS_PATH, None, LOAD_TIMEOUT_S, urls)
     out = []
     for body, url, want, load in zip(bodies, urls, wants, loads):
@@ -52,6 +60,18 @@ async def safe_flush(plane: AdminPlane, bodies: list[dict], urls: list[str]) -> 
             plane.owed_flushes.add(url)
         out.append(body)
     return out
+
+
+async def _flush_first(plane: AdminPlane, bodies: list[dict], urls: list[str], wants: list[bool]) -> list[dict]:
+    """The fleet is paused: each worker's cache flushed now, before the update (nothing new is cached until
+    /resume); one that refuses (requests pending) is owed the flush after /resume."""
+    targets = [url for url, want in zip(urls, wants) if want]
+    for reply in await plane.fan_out("POST", "/flush_cache", None, plane.settings.admin_timeout_s, targets):
+        if reply.status != 200:
+            log.warning("%s has requests pending: updating weights without flushing its cache (SGLang would "
+                        "crash); the flush runs after /resume", reply.url)
+            plane.owed_flushes.add(reply.url)
+    return [{**body, "flush_cache": False} if want else body for body, want in zip(bodies, wants)]
 
 
 def pending(reply: WorkerReply) -> int | None:

@@ -101,7 +101,8 @@ async def _update_from_disk(plane: AdminPlane, path: str, version: str | None, a
     results = await _verify(plane, urls, replies, version, verify_checksum)
     if all(r.ok for r in results):
         plane.record_version(version)
-        plane.weights.loaded_path, plane.control.hold = path, None
+        plane.weights.loaded_path = path
+        set_hold(plane, None)
         plane.weights.checkpoint_proven = True  # this controller loaded it as the fleet's version (a heal may use it)
         plane.weights.checksum_verified = verify_checksum  # the fence verifies a healed worker the same way
         if paused_here:
@@ -205,7 +206,7 @@ async def _roll_back_or_hold(plane: AdminPlane, urls: list[str], results: list[W
         after = await _verify(plane, urls, _merge(urls, stale, replies), version, False)
         if all(r.ok for r in after):
             plane.record_version(version)
-            plane.control.hold = None
+            set_hold(plane, None)
             note = f"; every worker rolled back to version {version}" if stale else ""
             if paused_here:
                 try:
@@ -346,8 +347,16 @@ async def _hold(plane: AdminPlane, urls: list[str], message: str, changed: list[
     /weight_info names them while held)."""
     versions = await read_versions(plane, urls)
     await pause_workers(plane, plane.settings.pause_mode, urls, all_or_none=False)
-    plane.control.hold = {"message": message, "worker_versions": versions, "changed": list(changed or urls)}
+    set_hold(plane, {"message": message, "worker_versions": versions, "changed": list(changed or urls)})
     log.error("fleet held paused: %s", message)
+
+
+def set_hold(plane: AdminPlane, hold: dict | None) -> None:
+    """The one place a hold starts or ends: the version record the data path reads (its prompt 503 while
+    held, plane.unavailable) is made again at once, or a held fleet's chats would wait on paused workers and
+    a released one's would still be refused."""
+    plane.control.hold = hold
+    plane.note_change()
 
 
 def refuse_resume(plane: AdminPlane, force: bool) -> None:
@@ -363,7 +372,7 @@ def refuse_resume_while_held(plane: AdminPlane, force: bool) -> None:
         return
     if force:
         log.warning("resume forced while held: %s", plane.control.hold["message"])
-        plane.control.hold = None
+        set_hold(plane, None)
         return
     versions = ", ".join(f"{url}: {v!r}" for url, v in plane.control.hold["worker_versions"].items())
     raise Conflict(f"the workers are held paused after a failed weight update ({plane.control.hold['message']}); "
