@@ -103,6 +103,8 @@ async def _setup(name: str, tokenizer_dir: Path):
     await client.start_server()
     if not await wait_until_connected(client.app, CONNECT_WAIT_S):
         conn = client.app[CONNECTION]
+        await client.close()  # closed here, or the loop's end finds both open (asyncio's athrow() errors)
+        await sim.close()
         raise RuntimeError(f"setup {name}: the proxy did not connect to the simulator at {url} in "
                            f"{CONNECT_WAIT_S:g} s: {conn.fatal or conn.last_error}")
     return sim, client
