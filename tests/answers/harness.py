@@ -39,6 +39,9 @@ HEADERS = ("Content-Type", "X-Request-Id", "X-Session-Continuity", "Allow", "WWW
 _IDS = re.compile(rb"(?<![0-9A-Za-z])([0-9a-f]{32})(?![0-9A-Za-z])")
 _TOOL_IDS = re.compile(rb"(?<=chatcmpl-tool-)([0-9a-f]{16})(?![0-9A-Za-z])")
 _CREATED = re.compile(rb'(?<="created":)(\d+)')
+# The bound on each setup's connect (it returns as soon as the proxy is connected, ~1 s when idle): loading
+# the tokenizer and importing transformers on a loaded 2-core machine took over the 10 s this once was.
+CONNECT_WAIT_S = 60.0
 
 
 def normalize(*parts: bytes, paths: dict[str, str] | None = None) -> list[bytes]:
@@ -84,7 +87,7 @@ async def _send(client: TestClient, request: Request, paths: dict[str, str]) -> 
 async def _setup(name: str, tokenizer_dir: Path):
     from token_proxy.app import create_app
     from token_proxy.settings import Settings
-    from token_proxy.sglang.discovery import wait_until_connected
+    from token_proxy.sglang.discovery import CONNECTION, wait_until_connected
     from token_proxy.simulator import SimConfig, create_sim_app
 
     setup = SETUPS[name]
@@ -98,8 +101,12 @@ async def _setup(name: str, tokenizer_dir: Path):
     settings = Settings(backend_url=url, tokenizer=str(tokenizer_dir), backend_wait_s=10.0, **setup.proxy)
     client = TestClient(TestServer(create_app(settings)))
     await client.start_server()
-    if not await wait_until_connected(client.app, settings.backend_wait_s):
-        raise RuntimeError(f"setup {name}: the proxy did not connect to the simulator at {url}")
+    if not await wait_until_connected(client.app, CONNECT_WAIT_S):
+        conn = client.app[CONNECTION]
+        await client.close()  # closed here, or the loop's end finds both open (asyncio's athrow() errors)
+        await sim.close()
+        raise RuntimeError(f"setup {name}: the proxy did not connect to the simulator at {url} in "
+                           f"{CONNECT_WAIT_S:g} s: {conn.fatal or conn.last_error}")
     return sim, client
 
 

@@ -299,15 +299,16 @@ def _start_simulator_process(port: int, tokenizer_dir) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(port), "--tokenizer",
                              str(tokenizer_dir), "--tpot-ms", "20"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    for _ in range(300):
+    deadline = time.monotonic() + 60  # seconds when idle; a loaded 2-core machine took over 15 s
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
                 if resp.status == 200:
                     return proc
         except OSError:
             time.sleep(0.05)
     proc.kill()
-    raise AssertionError("simulator did not start")
+    raise AssertionError(f"simulator did not start (exit status {proc.poll()})")
 
 
 async def test_sglang_killed_mid_request_then_restarted(tokenizer_dir, make_proxy, unused_tcp_port):

@@ -7,6 +7,7 @@ switch that turns the access line off."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -20,15 +21,30 @@ import pytest
 from aiohttp import web
 
 from tests.support.admin_fixtures import free_port
+from tests.support.stderr_lines import StderrLines
 from token_proxy.cli import parse_settings
 from token_proxy.sglang.discovery import health_hint
 
 CLI = [sys.executable, "-m", "token_proxy.cli"]
+# The bound on a process's start-up (seconds when idle; a loaded 2-core machine has taken over 20 s).
+STARTUP_S = 60.0
 
 
 def _run(args: list[str], log_format: str = "json", timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKEN_PROXY_LOG_FORMAT": log_format}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, check=False, timeout=timeout, env=env)
+
+
+async def _poll(read, done, timeout: float = STARTUP_S):
+    """`read()` (a value or an awaitable) again every 20 ms until `done(value)`, for at most `timeout` seconds;
+    the last value either way (the caller's assertion on it says what was wrong)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = read()
+        value = await value if inspect.isawaitable(value) else value
+        if done(value) or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.02)
 
 
 def _json_lines(text: str) -> list[dict]:
@@ -127,12 +143,10 @@ async def test_health_names_the_url_when_the_backend_is_not_sglang(aiohttp_serve
     url = str(server.make_url("/prefix"))
     proxy = await aiohttp_client(create_app(Settings(backend_url=url, tokenizer=str(tokenizer_dir),
                                                      backend_metrics_interval_s=0)))
-    message = ""
-    for _ in range(200):
-        message = (await (await proxy.get("/health")).json())["error"]["message"]
-        if "404" in message:
-            break
-        await asyncio.sleep(0.02)
+    async def health_message() -> str:
+        return (await (await proxy.get("/health")).json())["error"]["message"]
+
+    message = await _poll(health_message, lambda message: "404" in message)
     assert message == (f"The proxy is not connected to SGLang at {url} yet: its /health: HTTP status 404 for "
                        f"{url}/health: no SGLang at this address (--backend must be SGLang's root URL, e.g. "
                        "http://HOST:30000, without a route such as /generate)")
@@ -153,12 +167,14 @@ def test_an_empty_tokenizer_directory_is_refused_naming_the_model_directory(tmp_
 def _start_sim(port: int) -> subprocess.Popen:
     sim = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(400):
-        if _get(port, "/health")[0] == 200:
-            return sim
-        assert sim.poll() is None
+    deadline = time.monotonic() + STARTUP_S
+    while _get(port, "/health")[0] != 200:
+        assert sim.poll() is None, "the simulator exited"
+        if time.monotonic() > deadline:
+            sim.kill()
+            raise AssertionError(f"the simulator was not healthy within {STARTUP_S:g} s")
         time.sleep(0.05)
-    raise AssertionError("the simulator never became healthy")
+    return sim
 
 
 def test_an_unreachable_hub_tokenizer_is_blamed_and_its_retries_print_once(tmp_path):
@@ -170,25 +186,25 @@ def test_an_unreachable_hub_tokenizer_is_blamed_and_its_retries_print_once(tmp_p
     env.update(HF_HOME=str(tmp_path), HF_ENDPOINT=f"http://127.0.0.1:{hub}", TOKEN_PROXY_LOG_FORMAT="json")
     proc = subprocess.Popen([*CLI, "--backend", f"http://127.0.0.1:{sim_port}", "--tokenizer", "acme/no-such-model",
                              "--host", "127.0.0.1", "--port", str(port), "--backend-metrics-interval", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    err = StderrLines(proc)
     try:
-        message = ""
-        for _ in range(600):
+        message, deadline = "", time.monotonic() + STARTUP_S
+        while "tokenizer" not in message:
+            assert proc.poll() is None and time.monotonic() < deadline, err.text[-3000:]
             status, body = _get(port, "/health")
             message = json.loads(body)["error"]["message"] if status == 503 else ""
-            if "tokenizer" in message:
-                break
-            assert proc.poll() is None
             time.sleep(0.05)
         assert message == (f"The proxy is loading the tokenizer 'acme/no-such-model' (SGLang at http://127.0.0.1:"
                            f"{sim_port} is up): a Hugging Face hub id, downloaded unless cached (HF_HOME); with no "
                            "network, mount the model directory and pass --tokenizer DIR")
-        time.sleep(3.5)  # huggingface_hub retries after 1 s, then 2 s
+        # huggingface_hub retries after 1 s, then 2 s: its second retry line, however slow the machine is
+        err.wait_for(lambda line: "[Retry 2/5]" in line, timeout=STARTUP_S)
     finally:
         proc.kill()
         sim.kill()
-        stderr = proc.communicate(timeout=10)[1].decode()
-    lines = _json_lines(stderr)
+        sim.wait(timeout=30)
+    lines = _json_lines(err.wait_eof(timeout=30))
     retries = [line["message"] for line in lines if "[Retry " in line["message"]]
     assert retries[:2] == ["Retrying in 1s [Retry 1/5].", "Retrying in 2s [Retry 2/5]."]
     assert {line["logger"] for line in lines if "[Retry " in line["message"]} == {"huggingface_hub.utils._http"}
@@ -210,11 +226,7 @@ async def test_losing_sglang_and_getting_it_back_are_logged_once_each(make_sim, 
                 and r.getMessage().startswith(("lost SGLang", "SGLang at"))]
 
     async def until(predicate):
-        for _ in range(300):
-            if predicate():
-                return
-            await asyncio.sleep(0.02)
-        raise AssertionError(lines())
+        assert await _poll(predicate, bool), lines()
 
     port = sim.port
     await sim.close()
@@ -236,11 +248,9 @@ def _dead_backend_run(tmp_path, *flags: str) -> list[dict]:
                              "--port", str(port), "--log-format", "json", "--backend-metrics-interval", "0.05",
                              *flags], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        for _ in range(400):
-            _status, body = _get(port, "/v1/models")
-            if b"connection refused" in body:
-                break
-            assert proc.poll() is None
+        deadline = time.monotonic() + STARTUP_S
+        while b"connection refused" not in _get(port, "/v1/models")[1]:
+            assert proc.poll() is None and time.monotonic() < deadline, "no 503 naming the closed port in time"
             time.sleep(0.05)
         time.sleep(0.3)  # several /metrics reads of the closed port
     finally:
@@ -291,10 +301,7 @@ async def test_a_tokenizer_path_sglang_reports_but_this_host_lacks_names_the_mou
     server = await aiohttp_server(fake)
     app = create_app(Settings(backend_url=str(server.make_url("")).rstrip("/"), backend_wait_s=5.0))
     client = await aiohttp_client(app)
-    for _ in range(200):
-        if app[CONNECTION].fatal:
-            break
-        await asyncio.sleep(0.02)
+    await _poll(lambda: app[CONNECTION].fatal, bool)
     assert app[CONNECTION].fatal == (
         "SGLang reports its tokenizer at '/models/Qwen2.5-0.5B', which does not exist where the proxy runs (another "
         "container or host): mount that directory at the same path (docker run -v /models:/models:ro, or a compose "
@@ -352,10 +359,6 @@ async def test_a_metrics_page_that_is_not_sglangs_is_logged_in_one_line(aiohttp_
     caplog.set_level(logging.WARNING, logger="token_proxy.ops.backend_scrape")
     await aiohttp_client(create_app(Settings(backend_url=str(server.make_url("")).rstrip("/"),
                                              tokenizer=str(tokenizer_dir), backend_metrics_interval_s=0.05)))
-    for _ in range(300):
-        lines = [r.getMessage() for r in caplog.records if "/metrics" in r.getMessage()]
-        if lines:
-            break
-        await asyncio.sleep(0.02)
+    lines = await _poll(lambda: [r.getMessage() for r in caplog.records if "/metrics" in r.getMessage()], bool)
     assert lines == [("cannot read SGLang's /metrics: SGLang failed with HTTP 404: an HTML page titled '404 Not Found', "
                       "not SGLang's JSON (is this URL SGLang's?); the vllm: view goes stale")]

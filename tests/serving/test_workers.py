@@ -412,18 +412,22 @@ def test_a_killed_worker_is_started_again_and_joins_the_port_only_once_ready(tok
     try:
         deadline = time.monotonic() + 60
         while len(children(proc.pid)) < 3 or [reply()[0] for _ in range(8)] != [200] * 8:  # both serve
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "not serving on both workers within 60 s: " + log.read_text()[-2000:])
             time.sleep(0.2)
         killed = worker_one()
         before = len(proxy.access())
         os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 30
         while alive(killed):  # until its socket is closed (a connection it held then is reset: that is the kill)
+            assert time.monotonic() < deadline, f"pid {killed} still alive 30 s after SIGKILL"
             time.sleep(0.01)
         replies = []
         deadline = time.monotonic() + 60
         # Until the new worker 1 has served 4 requests: it is listening, and the kernel spreads over both.
         while served_by_worker_one_since(before) < 4:
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"{len(replies)} replies in 60 s, none from a new worker 1: " + log.read_text()[-2000:])
             replies.append(reply())
         again = worker_one()
         assert again not in (None, killed)

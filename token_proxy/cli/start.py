@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -73,16 +75,42 @@ def simulator_process(settings: Settings):
     # The child runs in a session of its own, so a terminal's Ctrl-C (sent to the foreground process group)
     # reaches the proxy alone, which stops the child with SIGTERM, no traceback. (Ignoring SIGINT in the proxy
     # around the fork instead lost a Ctrl-C that landed in that window.)
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = None
     try:
+        with _ctrl_c_deferred() as interrupted:
+            proc = subprocess.Popen(cmd, start_new_session=True)
+        if interrupted:
+            raise KeyboardInterrupt  # it came while Popen ran: now the child is known, so `finally` stops it
         _wait_for_health(f"http://127.0.0.1:{port}", proc, deadline_s=180.0)
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        if proc is not None:  # None: Popen itself failed, so nothing was started
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """Yields a list that is non-empty if Ctrl-C (SIGINT) came inside the block. A KeyboardInterrupt raised
+    inside subprocess.Popen, after its fork, loses the child: Popen never returns it, so nothing stops it, and
+    it keeps the proxy's stderr open (a loaded machine widened that window). Signal handlers are the main
+    thread's only: elsewhere the block runs as is."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _wait_for_health(url: str, proc: subprocess.Popen, deadline_s: float) -> None:
