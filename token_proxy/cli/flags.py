@@ -122,7 +122,8 @@ FLAG_GROUPS = (
         ("--stream-idle-timeout", "stream_idle_timeout_s", float, "seconds a stream may stay silent (0: off)"),
         ("--stream-coalesce-ms", "stream_coalesce_ms", float, ("after relaying a stream's events, wait this "
          "long before reading SGLang's next ones, so they reach the client in one write: the same bytes for "
-         "less CPU per token, each token up to this much later (0: off; first token never held)")),
+         "less CPU per token, each token up to this much later; it batches only when longer than SGLang's time "
+         "per output token (4-6x it: bench/RESULTS.md section 19) (0: off; first token never held)")),
         ("--require-honoured-seed", "require_honoured_seed", flag_bool, ("refuse `seed` (400) when SGLang runs "
          "without --enable-deterministic-inference and would ignore it; default: send it and report it "
          "unhonoured (X-Seed-Honoured: false)")),

@@ -3,8 +3,8 @@ what it did (RequestStats: filled in by handlers, read by whoever reports it: me
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -14,7 +14,16 @@ from token_proxy.vocabulary import FinishedChoice
 
 
 def new_request_id(prefix: str, client_id: str | None) -> str:
-    return f"{prefix}-{client_id or uuid.uuid4().hex}"
+    return f"{prefix}-{client_id or random_uuid()}"
+
+
+def random_uuid() -> str:
+    """`uuid.uuid4().hex` (vLLM's random_uuid: 32 hex digits, version 4, RFC 4122 variant) in ~40 % of its
+    time: uuid4 builds a UUID object (an int, its version bits, a frozen setattr) only to print it."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40
+    raw[8] = raw[8] & 0x3F | 0x80
+    return raw.hex()
 
 
 def header_request_id(request: web.Request) -> str | None:
@@ -113,7 +122,7 @@ def request_id_of(request: web.Request) -> str:
     rid = request.get(REQUEST_ID)
     if rid is None:
         stats = request.get(STATS)
-        rid = (stats.backend_rid if stats is not None else None) or header_request_id(request) or uuid.uuid4().hex
+        rid = (stats.backend_rid if stats is not None else None) or header_request_id(request) or random_uuid()
         request[REQUEST_ID] = rid
     return rid
 

@@ -16,7 +16,6 @@ connection, stale weights).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import ssl
@@ -285,24 +284,32 @@ class InFlight(Protocol):
     def spawn(self, coro: Coroutine) -> object: ...
 
 
-@contextlib.asynccontextmanager
-async def aborting_on_exit(ctx: InFlight, rids: list[str], on_client_gone: Callable[[], None] | None = None):
+class aborting_on_exit:  # noqa: N801 - used as a function: `async with aborting_on_exit(...)`
     """Abort the SGLang requests `rids` if the block ends because the client left or time ran out
     (`on_client_gone()` when it was the client: the caller's stats). Meanwhile they are listed in
-    `ctx.in_flight` under their response id (an admin abort finds them)."""
-    request_id = response_id_of(rids)
-    ctx.in_flight[request_id] = rids
-    try:
-        yield
-    except _ABORT_ON as exc:
-        log.info("aborting SGLang request %s (%s)", rids, type(exc).__name__)
-        if on_client_gone is not None and not isinstance(exc, BackendTimeout):
-            on_client_gone()
-        abort_all_of(ctx, rids)
-        raise
-    finally:
-        if ctx.in_flight.get(request_id) is rids:  # not a later request reusing the client's id
-            del ctx.in_flight[request_id]
+    `ctx.in_flight` under their response id (an admin abort finds them). A slotted class, not an
+    asynccontextmanager, which costs every generation ~3 us more."""
+
+    __slots__ = ("_ctx", "_on_client_gone", "_request_id", "_rids")
+
+    def __init__(self, ctx: InFlight, rids: list[str], on_client_gone: Callable[[], None] | None = None) -> None:
+        self._ctx, self._rids, self._on_client_gone = ctx, rids, on_client_gone
+        self._request_id = response_id_of(rids)
+
+    async def __aenter__(self) -> None:
+        self._ctx.in_flight[self._request_id] = self._rids
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        ctx, rids, request_id = self._ctx, self._rids, self._request_id
+        try:
+            if exc is not None and isinstance(exc, _ABORT_ON):
+                log.info("aborting SGLang request %s (%s)", rids, type(exc).__name__)
+                if self._on_client_gone is not None and not isinstance(exc, BackendTimeout):
+                    self._on_client_gone()
+                abort_all_of(ctx, rids)
+        finally:
+            if ctx.in_flight.get(request_id) is rids:  # not a later request reusing the client's id
+                del ctx.in_flight[request_id]
 
 
 def response_id_of(rids: list[str]) -> str:

@@ -21,14 +21,9 @@ class Gate:
     def __post_init__(self) -> None:
         self.opened.set()
 
-    @contextlib.asynccontextmanager
-    async def through(self) -> AsyncIterator[None]:
-        await self.opened.wait()
-        self.passing += 1
-        try:
-            yield
-        finally:
-            self.passing -= 1
+    def through(self) -> Passing:
+        """`async with gate.through():` a generation past the gate (waits while it is closed)."""
+        return Passing(self)
 
     @contextlib.asynccontextmanager
     async def closed(self) -> AsyncIterator[None]:
@@ -37,6 +32,25 @@ class Gate:
             yield
         finally:
             self.opened.set()
+
+
+class Passing:
+    """Gate.through()'s context: a slotted class, not an asynccontextmanager, which costs every generation
+    ~3 us more (a generator, its wrapper and two awaits of it)."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: Gate) -> None:
+        self._gate = gate
+
+    async def __aenter__(self) -> None:
+        gate = self._gate
+        if not gate.opened.is_set():
+            await gate.opened.wait()
+        gate.passing += 1
+
+    async def __aexit__(self, *exc_info) -> None:
+        self._gate.passing -= 1
 
 
 @dataclass(slots=True)
