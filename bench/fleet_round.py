@@ -57,6 +57,7 @@ import contextlib
 import itertools
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -249,9 +250,20 @@ def fence_counts(metrics: str) -> dict:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port for a trainer's store, below the kernel's ephemeral range: a port the kernel hands out
+    (bind to 0) is free only until the next outgoing connection, and the rollout load opens thousands of
+    them. On the GPU round the trainer's second group failed to listen (EADDRINUSE) on a port picked that way,
+    and SGLang's workers then sat in /init_weights_update_group, unable to serve, for minutes."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for port in random.sample(range(20000, min(low, 32768)), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class Load:
