@@ -19,21 +19,19 @@ dominates it, so the plot uses the ITL).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import multiprocessing as mp
+import functools
 import os
 import signal
 import statistics
 import sys
 import time
 
-import aiohttp
 import orjson
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import proxy_roles
 from bench_proxy import free_port, start
-from bench_workers_cpu import chat_body, get_json, start_proxy
+from bench_workers_cpu import chat_body, drive, get_json, start_proxy
+from bench_workers_cpu import run_point as workers_point
 
 
 def tokens_in(chunk: bytes) -> int:
@@ -50,29 +48,9 @@ def tokens_in(chunk: bytes) -> int:
 async def _drive(url: str, bodies: list[bytes], concurrency: int, tpot_s: float) -> dict:
     """Streams `bodies` at `concurrency`; per token-bearing read: the gap since the stream's previous one,
     its token count, and each token's lateness against the pace set by the stream's first token."""
-    done, errors, gaps, sizes, late = 0, 0, [], [], []
-    todo = iter(bodies)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=600)) as session:
-        async def one_at_a_time():
-            nonlocal done, errors
-            for body in todo:
-                try:
-                    async with session.post(url + "/v1/chat/completions", data=body,
-                                            headers={"Content-Type": "application/json"}) as resp:
-                        if resp.status != 200:
-                            raise RuntimeError(f"{resp.status}: {(await resp.read())[:200]!r}")
-                        await _one_stream(resp, tpot_s, gaps, sizes, late)
-                    done += 1
-                except Exception as exc:  # noqa: BLE001 - counted and shown
-                    errors += 1
-                    if errors <= 3:
-                        print(f"  error: {exc}", file=sys.stderr)
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    return {"done": done, "errors": errors, "wall": wall, "gaps_ms": _quantiles(gaps), "late_ms": _quantiles(late),
+    gaps, sizes, late = [], [], []
+    result = await drive(url, bodies, concurrency, lambda resp: _one_stream(resp, tpot_s, gaps, sizes, late))
+    return {**result, "gaps_ms": _quantiles(gaps), "late_ms": _quantiles(late),
             "tokens_per_read": sum(sizes) / max(1, len(sizes))}
 
 
@@ -101,22 +79,10 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {"p50": q[49] * 1000, "p99": q[98] * 1000}
 
 
-def _client_main(url, bodies, concurrency, tpot_s, out) -> None:
-    import uvloop
-
-    out.put(uvloop.run(_drive(url, bodies, concurrency, tpot_s)))
-
-
 def run_point(url: str, root: int, bodies: list[bytes], concurrency: int, tpot_s: float) -> dict:
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    before = proxy_roles.snapshot(root)
-    client = ctx.Process(target=_client_main, args=(url, bodies, concurrency, tpot_s, out), daemon=True)
-    client.start()
-    result = out.get()
-    client.join()
-    roles = proxy_roles.per_role(before, proxy_roles.snapshot(root), result["done"])
-    return {**result, "cells": proxy_roles.role_cells(roles)}
+    point = workers_point(url, root, bodies, concurrency, functools.partial(_drive, tpot_s=tpot_s))
+    point.pop("roles")
+    return point
 
 
 def measure(args) -> dict:

@@ -44,21 +44,22 @@ def chat_body(k: int, model: str, tokens: int) -> bytes:
                          "stream_options": {"include_usage": True}, "return_token_ids": True})
 
 
-async def _drive(url: str, bodies: list[bytes], concurrency: int) -> dict:
-    done, errors, events = 0, 0, 0
+async def drive(url: str, bodies: list[bytes], concurrency: int, read) -> dict:
+    """Streams `bodies` to `url`'s chat completions at `concurrency`, each reply handed to `read(resp)` (an async
+    callable: what a bench counts per stream); bench_coalesce.py drives its points with it too."""
+    done, errors = 0, 0
     todo = iter(bodies)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=600)) as session:
         async def one_at_a_time():
-            nonlocal done, errors, events
+            nonlocal done, errors
             for body in todo:
                 try:
                     async with session.post(url + "/v1/chat/completions", data=body,
                                             headers={"Content-Type": "application/json"}) as resp:
                         if resp.status != 200:
                             raise RuntimeError(f"{resp.status}: {(await resp.read())[:200]!r}")
-                        async for chunk in resp.content.iter_any():
-                            events += chunk.count(b"data: ")
+                        await read(resp)
                     done += 1
                 except Exception as exc:  # noqa: BLE001 - counted and shown
                     errors += 1
@@ -68,26 +69,39 @@ async def _drive(url: str, bodies: list[bytes], concurrency: int) -> dict:
         t0 = time.perf_counter()
         await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    return {"done": done, "errors": errors, "events": events, "wall": wall}
+    return {"done": done, "errors": errors, "wall": wall}
 
 
-def _client_main(url, bodies, concurrency, out) -> None:
-    import uvloop
+async def _drive(url: str, bodies: list[bytes], concurrency: int) -> dict:
+    events = 0
 
-    out.put(uvloop.run(_drive(url, bodies, concurrency)))
+    async def count(resp) -> None:
+        nonlocal events
+        async for chunk in resp.content.iter_any():
+            events += chunk.count(b"data: ")
+
+    return {**await drive(url, bodies, concurrency, count), "events": events}
 
 
-def run_point(url: str, root: int, bodies: list[bytes], concurrency: int) -> dict:
+def run_point(url: str, root: int, bodies: list[bytes], concurrency: int, driver=None) -> dict:
+    """One point: a client process (forked) runs `driver(url, bodies, concurrency)` (default: _drive) while the
+    proxy's process tree under `root` is measured per role."""
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     before = proxy_roles.snapshot(root)
-    client = ctx.Process(target=_client_main, args=(url, bodies, concurrency, out), daemon=True)
+    client = ctx.Process(target=_client_main, args=(driver or _drive, url, bodies, concurrency, out), daemon=True)
     client.start()
     result = out.get()
     client.join()
     after = proxy_roles.snapshot(root)
     roles = proxy_roles.per_role(before, after, result["done"])
     return {**result, "roles": roles, "cells": proxy_roles.role_cells(roles)}
+
+
+def _client_main(driver, url, bodies, concurrency, out) -> None:
+    import uvloop
+
+    out.put(uvloop.run(driver(url, bodies, concurrency)))
 
 
 def idle_ms_per_s(root: int, seconds: float) -> dict[str, float]:
