@@ -149,7 +149,8 @@ class OutputRules:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(c.ids_seen for c in self._choices)
+        choices = self._choices  # read per stream event (the metrics' tokens per event): one choice, no generator
+        return choices[0].ids_seen if len(choices) == 1 else sum(c.ids_seen for c in choices)
 
     def usage(self) -> Usage:
         return Usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
