@@ -47,33 +47,32 @@ async def test_the_fan_out_lists_the_workers_through_the_view_and_the_plane_read
     assert await view.list_workers(always_ask=True) == [A, B]  # what connecting does
     view.learned(picture_of(ROUTER, {A: info("a"), B: info("b")}))
     plane = AdminPlane(settings=view.settings, workers=Workers(view.settings, router, view=view), version_keys={})
-    assert plane.workers.view is view and (plane.workers.behind_router, plane.workers.last_urls) == (True, (A, B))
+    assert plane.workers.view is view and plane.workers.last_urls == (A, B)  # the list connecting read
 
     listing[0] = [A, C]  # the router gained C; the fence took B out of its list (B is still reached)
     plane.fenced.router_removed[B] = None
     replies = await plane.fan_out("POST", "/flush_cache", None, 5.0)
     assert [r.url for r in replies] == [A, C, B]
-    assert view.urls == (A, C) and plane.fleet_urls() == [A, C, B]
+    assert view.urls == (A, C) and plane.fleet_urls() == [A, C, B] and plane.workers.behind_router is True
 
     # Facts: the last connect's, by url (a trailing slash is the same worker); C was listed since: unknown.
     assert (plane.facts(A + "/"), plane.facts(C)) == (info("a"), None)
     assert view.snapshot().worker_urls == [A, B]
 
 
-async def test_a_backend_found_no_router_is_asked_again_only_by_connecting_and_an_empty_list_is_no_answer():
+async def test_the_fan_outs_first_answer_says_whether_the_backend_is_a_router_and_connecting_leaves_it():
     calls: list = []
-    listing: list = [None]
+    listing: list = [[]]
     view = FleetView(Settings(backend_url=ROUTER), Router(ROUTER, calls, listing))
+    assert await view.list_workers(always_ask=True) is None  # connecting: a router that lists no worker yet
+    assert (view.urls, view.behind_router) == ((ROUTER,), None)  # what a fan-out would reach; no verdict
+    listing[0] = None  # a plain SGLang answers 404
     assert await view.list_workers() == [ROUTER] and view.behind_router is False
     assert await view.list_workers() == [ROUTER]
-    assert calls == [(ROUTER, "/workers")]  # known to be no router: not asked again by the fan-out
-    listing[0] = []
-    assert await view.list_workers(always_ask=True) is None  # a router that lists no worker yet
-    assert (view.urls, view.behind_router) == ((ROUTER,), False)
+    assert calls == [(ROUTER, "/workers")] * 2  # known to be no router: the fan-out asks no more
     listing[0] = [A]
-    assert await view.list_workers(always_ask=True) == [A] and view.behind_router is True
-    listing[0] = []
-    assert await view.list_workers() is None and view.behind_router is True  # stays a router
+    assert await view.list_workers(always_ask=True) == [A] and view.behind_router is False  # connecting asks
+    assert len(calls) == 3 and view.urls == (A,)
 
 
 async def test_worker_flags_are_the_list_and_no_router_is_asked():
@@ -88,8 +87,8 @@ async def test_the_data_paths_picture_is_the_views_snapshot_and_the_admin_plane_
     proxy = await make_proxy(sim)
     url = str(sim.make_url("")).rstrip("/")
     conn = proxy.app[CONNECTION]
-    assert conn.view.snapshot() is conn.connected.picture
-    assert (conn.view.urls, conn.view.behind_router) == ((url,), False)  # a plain SGLang answers /workers 404
+    assert conn.view.snapshot() is conn.connected.picture and conn.view.urls == (url,)
     plane = proxy.app[ADMIN]
     assert plane.workers.view is conn.view
+    assert await plane.worker_urls() == [url] and conn.view.behind_router is False  # a plain SGLang: /workers 404
     assert plane.facts(url) is conn.connected.picture.workers[url]

@@ -33,27 +33,32 @@ class FleetView:
 
     settings: Settings
     client: SGLangClient
-    # The backend answered GET /workers with workers (True) or is no router (False); None: not known yet.
+    # The fan-out's first answer from GET /workers: workers listed (True) or none / no router (False); None:
+    # not asked yet, or the ask failed.
     behind_router: bool | None = None
     # The servers the last listing named (the flags, the router's workers, else the backend itself).
     urls: tuple[str, ...] = ()
     picture: SGLangPicture | None = None  # the last connect's: each worker's facts and the agreed ones
 
     async def list_workers(self, always_ask: bool = False) -> list[str] | None:
-        """The servers that generate, read now and recorded: the --worker flags, else the router's listing (a
-        backend found to be no router is asked again only with `always_ask`, as connecting does), else the
-        backend itself. None: the router lists no worker yet (recorded as the backend, which a fan-out then
-        reaches; connecting waits). A failed call raises its ProxyError and records nothing."""
+        """The servers that generate, read now and recorded: the --worker flags, else the router's listing, else
+        the backend itself. None: the router lists no worker yet (recorded as the backend, which a fan-out then
+        reaches; connecting waits). A failed call raises its ProxyError and records nothing.
+
+        Whether the backend is a router is the fan-out's verdict, from its first answer (as before the view):
+        once it is no router it is not asked again. Connecting (`always_ask`) asks every time and leaves the
+        verdict alone, so a fan-out that could not list while SGLang was down asks again (the fence's poll
+        relies on it)."""
         if self.settings.workers:
             urls: list[str] | None = [url.rstrip("/") for url in self.settings.workers]
         elif self.behind_router is False and not always_ask:
             urls = [self.client.base_url]
         else:
             listed = await router_listing(self.client)
-            if listed and self.behind_router is not True:
-                log.info("admin calls fan out to the router's workers: %s", ", ".join(listed))
-            if listed or (listed is None and self.behind_router is None):
+            if self.behind_router is None and not always_ask:
                 self.behind_router = bool(listed)
+                if listed:
+                    log.info("admin calls fan out to the router's workers: %s", ", ".join(listed))
             urls = None if listed == {} else list(listed or {}) or [self.client.base_url]
         self.urls = tuple(urls or [self.client.base_url])
         return urls
