@@ -217,18 +217,13 @@ def add_admin_state(app: web.Application) -> None:
 
 async def _admin_plane(app: web.Application):
     ctx = app[CONTEXT]
-    workers = app[WORKERS] = Workers(settings=ctx.settings, client=ctx.client, spawn=ctx.spawn)
+    view = ctx.connection.view  # the fleet's one live view: the fan-out lists the workers there
+    workers = app[WORKERS] = Workers(settings=ctx.settings, client=ctx.client, spawn=ctx.spawn, view=view)
     version_keys = {path: row.version_key for path, row in app[ROUTE_TABLE].items() if row.version_key}
     plane = app[ADMIN] = AdminPlane(settings=ctx.settings, workers=workers, version_keys=version_keys)
 
-    def facts(url: str):  # the live picture's, replaced at each connect
-        connected = ctx.connection.connected
-        return connected.picture.workers.get(url.rstrip("/")) if connected is not None else None
-
     def learn(backend) -> None:  # once SGLang is known (start-up may come before it): fleet/start.py's rule
-        plane.learn_start(backend, ctx.connection.connected.picture.workers)
-
-    plane.facts = facts
+        plane.learn_start(backend, view.snapshot().workers)
 
     ctx.when_ready(learn)
     yield

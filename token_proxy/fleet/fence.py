@@ -107,7 +107,7 @@ class Fence:
     def period(self) -> float:
         """Seconds between idle reads of every worker: --fence-interval, stretched so that the whole fleet
         costs SGLang at most READS_PER_S reads a second (256 workers: every 8 s, 32 reads/s, not 1,024)."""
-        return max(self.interval_s, len(self.plane.fenced.fleet_urls) / READS_PER_S)
+        return max(self.interval_s, len(self.plane.fleet_urls()) / READS_PER_S)
 
     async def wait_for_next(self) -> None:
         """The next read comes after period(), or at once (but never within --fence-interval of the last) when
@@ -133,8 +133,7 @@ class Fence:
         plane = self.plane
         if plane.weights.version is None or plane.stood_down is not None or self.standing_aside():
             return
-        urls = await plane.worker_urls()
-        plane.fenced.fleet_urls = tuple(urls)
+        urls = await plane.worker_urls()  # the fleet's live view lists them again (sglang/fleet_view.py)
         fleet = plane.weights.version
         replies = await plane.fan_out("GET", "/model_info", None, POLL_TIMEOUT_S, urls)
         if self.standing_aside() or plane.weights.version != fleet:

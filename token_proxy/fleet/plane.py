@@ -89,11 +89,11 @@ class FleetControl:
 class FenceMarks:
     """What the fence (fence.py) keeps: the workers it keeps out (a fleet /resume leaves them paused; the
     data path's 503 reads them), those it took out of sglang-router's list (still admin-plane workers: a
-    weight update reaches them), every worker it read last, and each worker's version as last read or set."""
+    weight update reaches them) and each worker's version as last read or set. Which workers there are is
+    the fleet's live view (AdminPlane.fleet_urls)."""
 
     urls: set[str] = field(default_factory=set)
     router_removed: dict[str, None] = field(default_factory=dict)
-    fleet_urls: tuple[str, ...] = ()  # in sglang-router's list or not
     worker_versions: dict[str, str | None] = field(default_factory=dict)  # url -> version
 
 
@@ -166,9 +166,9 @@ class AdminPlane:
     owed_flushes: set[str] = field(default_factory=set)
     # Set once another process is found updating these workers' weights: this one stops acting (ownership.py).
     stood_down: str | None = None
-    # What the live picture of SGLang (the connection's, whose snapshot the data path reads) knows of a worker,
+    # What the fleet's live view (sglang/fleet_view.py, whose snapshot the data path reads) knows of a worker,
     # or None: the plane reads the fleet's facts there instead of keeping a copy (weight_session.py).
-    facts: Callable[[str], BackendInfo | None] = lambda url: None
+    facts: Callable[[str], BackendInfo | None] = field(init=False)
     # Run after every weight update or version change through the admin plane (record_version): the
     # proxy's metrics re-read the version SGLang serves (ops/backend_scrape.py registers it).
     after_weights: list[Callable[[], None]] = field(default_factory=list)
@@ -178,6 +178,12 @@ class AdminPlane:
 
     def __post_init__(self) -> None:
         self.workers.also_reach = lambda: list(self.fenced.router_removed)
+        self.facts = self.workers.fleet.facts
+
+    def fleet_urls(self) -> list[str]:
+        """Every worker the fleet has: the live view's last list, and those the fence took out of the router's."""
+        urls = list(self.workers.last_urls)
+        return urls + [url for url in self.fenced.router_removed if url not in urls]
 
     async def worker_urls(self) -> list[str]:
         return await self.workers.worker_urls()
@@ -217,7 +223,7 @@ class AdminPlane:
         if self.control.hold is not None:
             return "the workers are held paused after a failed weight update (GET /weight_info says why)"
         fenced = self.fenced.urls
-        if fenced and (set(self.fenced.fleet_urls) <= fenced or self.settings.backend_url in fenced):
+        if fenced and (set(self.fleet_urls()) <= fenced or self.settings.backend_url in fenced):
             return ("no healthy worker: every worker the data path reaches is fenced until healed (GET "
                     "/weight_info names them)")
         return None

@@ -16,7 +16,7 @@ import orjson
 
 from token_proxy.errors import ProxyError
 from token_proxy.sglang.client import SGLangClient
-from token_proxy.sglang.workers import router_listing
+from token_proxy.sglang.fleet_view import router_listing
 
 ROUTER_TIMEOUT_S = 10.0
 SETTLE_S = 5.0  # how long a background add or remove may take to show in the list

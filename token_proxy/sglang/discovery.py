@@ -33,9 +33,9 @@ from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
 from token_proxy.sglang import config_checks
 from token_proxy.sglang.client import SGLangClient
+from token_proxy.sglang.fleet_view import FleetView
 from token_proxy.sglang.picture import BackendInfo, SGLangPicture, picture_of
 from token_proxy.sglang.versions import KNOWN_RANGE, features_for
-from token_proxy.sglang.workers import router_listing
 from token_proxy.tokenization.fast_bpe import load_fast_bpe
 from token_proxy.tokenization.loader import (
     TokenizerInfo,
@@ -56,9 +56,11 @@ __all__ = ["CONNECTION", "ON_FATAL", "BackendInfo", "Connected", "Connection", "
 
 # --- what SGLang says about itself -------------------------------------------------------------
 
-async def discover(client: SGLangClient, settings: Settings) -> SGLangPicture:
-    """Every generating server's facts (the backend itself, or the workers behind a router), agreed."""
-    urls = await worker_urls(client, settings)
+async def discover(view: FleetView) -> SGLangPicture:
+    """Every generating server's facts (the backend itself, or the workers behind a router), agreed; the list
+    of them is read through the fleet's live view (`view.list_workers`), which records it."""
+    client, settings = view.client, view.settings
+    urls = await worker_urls(view)
     servers = [client if url == client.base_url else client.at(url) for url in urls]
     found = await asyncio.gather(*(discover_one(server, settings) for server in servers), return_exceptions=True)
     infos = {url: info for url, info in zip(urls, found) if isinstance(info, BackendInfo)}
@@ -95,17 +97,15 @@ async def discover(client: SGLangClient, settings: Settings) -> SGLangPicture:
     return picture
 
 
-async def worker_urls(client: SGLangClient, settings: Settings) -> list[str]:
+async def worker_urls(view: FleetView) -> list[str]:
     """The servers that generate: the --worker flags, else those the router lists, else the backend."""
-    if settings.workers:
-        return [url.rstrip("/") for url in settings.workers]
     try:
-        listed = await router_listing(client)
+        urls = await view.list_workers(always_ask=True)
     except ProxyError:
-        listed = None
-    if listed == {}:
-        raise RuntimeError(f"the router at {client.base_url} lists no workers yet (GET /workers)")
-    return list(listed or {}) or [client.base_url]
+        return [view.client.base_url]
+    if urls is None:
+        raise RuntimeError(f"the router at {view.client.base_url} lists no workers yet (GET /workers)")
+    return urls
 
 
 async def discover_one(client: SGLangClient, settings: Settings) -> BackendInfo:
@@ -205,8 +205,14 @@ class Connection:
     # outage_ended log the two edges, one line each.
     outage_since: float | None = None
     connected: Connected | None = None
+    # The fleet's live view (sglang/fleet_view.py): the worker list and each worker's facts; `connected.picture`
+    # is its snapshot. The admin plane's fan-out lists the workers through it too.
+    view: FleetView = field(init=False)
     _ready_hooks: list[Callable[[BackendInfo], None]] = field(default_factory=list)
     back_hooks: list[Callable[[], None]] = field(default_factory=list)  # run at each outage_ended edge
+
+    def __post_init__(self) -> None:
+        self.view = FleetView(self.settings, self.client)
 
     def when_ready(self, hook: Callable[[BackendInfo], None]) -> None:
         """Run `hook(agreed backend)` once SGLang is known (at once if it already is)."""
@@ -327,7 +333,7 @@ def _load_tokenizer(path: str, before_load: Callable[[], None] | None = None, ch
 
 async def _connect_once(conn: Connection, before_load: Callable[[], None] | None = None) -> None:
     """Discover SGLang, load the tokenizer it names, and set both on the connection."""
-    picture = await discover(conn.client, conn.settings)
+    picture = await discover(conn.view)
     tokenizer_path = picture.agreed.tokenizer_path
     problem = tokenizer_dir_problem(tokenizer_path) or (
         None if conn.settings.tokenizer else unseen_path_problem(tokenizer_path))
@@ -352,7 +358,8 @@ async def _connect_once(conn: Connection, before_load: Callable[[], None] | None
                               # the longest prompt resolve_max_tokens lets through (one token of room)
                               max_prompt_ids=min(agreed.max_prompt_len or agreed.max_model_len, agreed.max_model_len - 1),
                               fast_bpe=fast_bpe)
-    conn.set_connected(Connected(picture, describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
+    conn.view.learned(picture)
+    conn.set_connected(Connected(conn.view.snapshot(), describe_tokenizer(tokenizer), renderer, TokenTexts(tokenizer),
                                  _tool_parser(conn.settings, tokenizer)))
 
 

@@ -1,14 +1,14 @@
 """The SGLang workers behind the proxy, and calls fanned out to all of them at once.
 
 The data path goes to one URL (a server or an sglang-router); weight updates, pauses and LoRA loads must
-reach every server. The worker list is the --worker flags, else what the router lists at /workers, else
-the backend itself. The admin plane (fleet/plane.py) holds this fan-out beside its state.
+reach every server. Which servers those are is the fleet's live view (sglang/fleet_view.py: the --worker
+flags, else what the router lists at /workers, else the backend itself). The admin plane (fleet/plane.py)
+holds this fan-out beside its state.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,11 +18,9 @@ from aiohttp import web
 from token_proxy.errors import BackendTimeout, BackendUnavailable, ProxyError
 from token_proxy.settings import Settings
 from token_proxy.sglang.client import SGLangClient
-from token_proxy.sglang.replies import message_of, router_workers, version_text
+from token_proxy.sglang.fleet_view import FleetView
+from token_proxy.sglang.replies import message_of, version_text
 
-log = logging.getLogger("token_proxy.fleet.plane")  # the fan-out's lines keep the admin plane's logger
-
-DISCOVERY_TIMEOUT_S = 10.0
 SERVER_INFO_TIMEOUT_S = 30.0
 
 
@@ -77,43 +75,42 @@ class WorkerReply:
 
 @dataclass
 class Workers:
-    """Every SGLang server behind the backend URL, and one call on all of them (the admin plane holds it)."""
+    """One call on every SGLang server behind the backend URL (the admin plane holds it). Which servers those
+    are is the fleet's live view (sglang/fleet_view.py): each call lists them there again."""
 
     settings: Settings
     client: SGLangClient  # the data-path backend (server or router)
-    # The router answered /workers once (True) or not (False); None: not asked yet.
-    behind_router: bool | None = None
     spawn: Callable | None = None  # runs background work that outlives a request (the proxy's spawn)
-
-    # The servers the last worker_urls() named (for log lines that cannot wait for the router).
-    last_urls: tuple[str, ...] = ()
+    # The fleet's live view (the connection's: discovery's Connection.view); a fan-out made alone has its own.
+    view: FleetView | None = None
     # Workers a call reaches although the list above omits them (the fence's, taken out of the router's list).
     also_reach: Callable[[], list[str]] = list
 
+    def __post_init__(self) -> None:
+        if self.view is None:
+            self.view = FleetView(self.settings, self.client)
+
+    @property
+    def fleet(self) -> FleetView:
+        assert self.view is not None  # set in __post_init__
+        return self.view
+
+    @property
+    def behind_router(self) -> bool | None:
+        """The router answered /workers with workers (True) or the backend is no router (False); None: not known."""
+        return self.fleet.behind_router
+
+    @property
+    def last_urls(self) -> tuple[str, ...]:
+        """The servers the last listing named (for log lines that cannot wait for the router)."""
+        return self.fleet.urls
+
     async def worker_urls(self) -> list[str]:
-        urls = await self._worker_urls()
-        self.last_urls = tuple(urls)
-        return urls + [url for url in self.also_reach() if url not in urls]
-
-    async def _worker_urls(self) -> list[str]:
-        if self.settings.workers:
-            return list(self.settings.workers)
-        if self.behind_router is not False:
-            urls = await self._router_workers()
-            if urls:
-                return urls
-        return [self.client.base_url]
-
-    async def _router_workers(self) -> list[str]:
         try:
-            listed = list(await router_listing(self.client) or {})
+            urls = await self.fleet.list_workers() or [self.client.base_url]
         except ProxyError as exc:
             raise WorkerFailed(exc.status, f"cannot list the router's workers: {exc.message}") from exc
-        if self.behind_router is None:
-            self.behind_router = bool(listed)
-            if listed:
-                log.info("admin calls fan out to the router's workers: %s", ", ".join(listed))
-        return listed or []
+        return urls + [url for url in self.also_reach() if url not in urls]
 
     async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
                       timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
@@ -161,13 +158,6 @@ class Workers:
         except ProxyError as exc:
             return WorkerReply(url, 0, error=exc)
         return WorkerReply(url, status, data, content_type)
-
-
-async def router_listing(client: SGLangClient) -> dict[str, str] | None:
-    """sglang-router's workers at GET /workers (url -> id, replies.router_workers), or None when the backend is
-    no router (a plain SGLang server answers 404). A call that fails raises its ProxyError."""
-    status, raw, _ = await client.call("GET", "/workers", None, DISCOVERY_TIMEOUT_S)
-    return router_workers(raw) if status == 200 else None
 
 
 class Aborted(ProxyError):
