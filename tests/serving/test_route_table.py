@@ -36,7 +36,6 @@ def test_the_flags_the_middleware_reads():
     assert {r.path for r in ROUTES if r.weight_update} == {
         "/update_weights", "/update_weights_from_disk", "/update_weights_from_distributed",
         "/update_weights_from_tensor", "/reload_weights"}
-    assert [r.path for r in ROUTES if r.sets_version] == ["/update_weight_version"]
     assert (route_class("/liveness"), route_class("/model_info"), route_class("/generate"),
             route_class("/pause"), route_class("/not/listed")) == (OPS, TOKENIZER, INFERENCE, ADMIN, ADMIN)
 
