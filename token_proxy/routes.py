@@ -34,7 +34,7 @@ from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
 from token_proxy.fleet import ownership
 from token_proxy.fleet.fence import add_fence
-from token_proxy.http_io import ROUTE_TABLE, json_response, kind_in
+from token_proxy.http_io import ROUTE_TABLE, json_response
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
@@ -199,11 +199,6 @@ ROUTES: tuple[Route, ...] = (
           answered_by=OWNER),
 )
 _TABLE = {route.path: route for route in ROUTES}
-
-
-def route_class(path: str) -> str:
-    """The class of `path` in this table (the middleware reads the app's copy: http_io.route_kind)."""
-    return kind_in(_TABLE, path)
 
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Handler:
