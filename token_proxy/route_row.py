@@ -28,7 +28,6 @@ class RouteFlags(Protocol):
     quiet: bool  # its access line logs at DEBUG (probes and scrapes)
     served: bool  # the proxy answers it itself (not only listed for its class)
     weight_update: bool  # swaps weights: timed and counted by the metrics
-    sets_version: bool  # SGLang may serve another weight version after it
     version_key: str | None  # the key of its body that names the weight version it sets (fleet/plane.py)
     in_openapi: bool  # described by GET /openapi.json
     answered_by: str  # LOCAL: this serving process's own handler (the data plane); OWNER: the admin owner
@@ -45,7 +44,6 @@ class Route:
     kind: str  # INFERENCE / TOKENIZER / ADMIN / OPS
     quiet: bool = False  # probes and scrapes would drown the requests that matter: logged at DEBUG
     weight_update: bool = False  # swaps weights: the metrics time and count it, then re-read the version
-    sets_version: bool = False  # SGLang may serve another weight version after it: the gauge is re-read
     # SGLang's calls that set a weight version: the key of their body that names it (the admin plane marks
     # that version incoming while the call runs: fleet/plane.py).
     version_key: str | None = None

@@ -1,7 +1,7 @@
 """The proxy's one route table: per route its path, methods, handler, class and flags, data plane and
 admin plane (every dialect) alike. add_routes registers the rows and puts the table on the app
 (http_io.ROUTE_TABLE), where the middleware reads a route's flags: auth and admission its class,
-the access log `quiet`, the metrics `weight_update` / `sets_version` and the inference rows;
+the access log `quiet`, the metrics `weight_update` and the inference rows;
 `in_openapi` rows are the paths ops/openapi.py describes (tests/serving/test_route_table.py checks
 the two agree); a --workers process forwards the `answered_by=OWNER` rows to the admin owner.
 
@@ -34,7 +34,7 @@ from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
 from token_proxy.fleet import ownership
 from token_proxy.fleet.fence import add_fence
-from token_proxy.http_io import ROUTE_TABLE, json_response, kind_in
+from token_proxy.http_io import ROUTE_TABLE, json_response
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.routes import adapter_cards
@@ -175,7 +175,7 @@ ROUTES: tuple[Route, ...] = (
     _sglang("/destroy_weights_update_group", Forward("admin_timeout_s", prepare=fw.destroy_bodies,
                                                      after=fw.note_group_gone)),
     _sglang("/update_weight_version", Forward("admin_timeout_s", prepare=fw.version_bodies,
-                                              after=fw.note_new_version), sets_version=True, version_key="new_version"),
+                                              after=fw.note_new_version), version_key="new_version"),
     _sglang("/pause_generation", Forward("admin_timeout_s", after=fw.note_pause)),
     _sglang("/continue_generation", Forward("admin_timeout_s", after=fw.note_continue)),
     _sglang("/flush_cache", Forward("admin_timeout_s"), GET_POST),
@@ -199,11 +199,6 @@ ROUTES: tuple[Route, ...] = (
           answered_by=OWNER),
 )
 _TABLE = {route.path: route for route in ROUTES}
-
-
-def route_class(path: str) -> str:
-    """The class of `path` in this table (the middleware reads the app's copy: http_io.route_kind)."""
-    return kind_in(_TABLE, path)
 
 
 def method_not_allowed(allowed: tuple[str, ...]) -> Handler:

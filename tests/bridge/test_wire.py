@@ -12,16 +12,22 @@ from token_proxy.bridge.wire import (
     Bucket,
     TensorMeta,
     WireError,
+    itemsize,
     metas_from_update_info,
     primerl_push,
-    slot_bytes,
     vllm_packed_chunks,
     vllm_push,
 )
 
 
 def decoded(buckets: list[Bucket]) -> list[tuple[str, str, tuple[int, ...], bytes]]:
-    return [(s.name, s.dtype, s.shape, slot_bytes(b, s, lambda x: x)) for b in buckets for s in b.slots]
+    return [(s.name, s.dtype, s.shape, slot_bytes(b, s)) for b in buckets for s in b.slots]
+
+
+def slot_bytes(bucket: Bucket, slot) -> bytes:
+    """A slot's raw bytes in its buffer (the replay's buffers are bytes; the GPU path makes views instead)."""
+    size = itemsize(bucket.buffer_dtypes[slot.buffer])
+    return bucket.buffers[slot.buffer][slot.start * size:slot.stop * size]
 
 
 def test_primerl_stream_decodes_bit_exact_with_prime_rls_own_receive_order():

@@ -16,11 +16,10 @@ from token_proxy.admin import ADMIN
 from token_proxy.fleet import flush
 from token_proxy.sglang import sglang_request
 from token_proxy.sglang.payload import sampling_params
-from token_proxy.sglang.sampling import keys_for
+from token_proxy.sglang.sampling import FIRST, keys_for
 from token_proxy.sglang.versions import SAMPLING_KEYS_0517, features_for
 from token_proxy.simulator import SIM_STATE
 from token_proxy.simulator.config import VERSIONS
-from token_proxy.simulator.sampling_params import KNOWN_KEYS
 from token_proxy.simulator.testing import parse_sse
 from token_proxy.state import CONTEXT
 from token_proxy.vocabulary import SamplingRequest
@@ -88,7 +87,7 @@ EVERYTHING = SamplingRequest(
 def test_the_proxy_never_sends_a_sampling_key_the_version_does_not_know(version, sampling):
     params = sampling_params(sampling, 8)
     assert set(params) <= features_for(version).sampling_keys
-    assert set(params) <= set(KNOWN_KEYS)  # the strict simulator's list, from 0.5.22's wire contract
+    assert set(params) <= set(keys_for(FIRST))  # the strict simulator's list, from 0.5.22's wire contract
     assert params.get("sampling_seed") == (None if sampling.seed is None else 2**63 - 1)  # reduced into int64
 
 
@@ -258,8 +257,8 @@ async def test_an_update_whose_flush_0_5_23_refuses_still_counts_and_owes_the_fl
 
 
 def test_the_strict_simulator_lists_what_0_5_23_lists():
-    assert [key for key in keys_for((0, 5, 23)) if key not in KNOWN_KEYS] == ["beam_width", "watermark", "choice"]
-    assert set(KNOWN_KEYS) == SAMPLING_KEYS_0517
+    assert [key for key in keys_for((0, 5, 23)) if key not in keys_for(FIRST)] == ["beam_width", "watermark", "choice"]
+    assert set(keys_for(FIRST)) == SAMPLING_KEYS_0517
 
 
 def test_ebnf_full_assistant_is_a_sampling_key_of_0_5_20_and_0_5_21_only():

@@ -56,9 +56,7 @@ FUNCTIONS: list[tuple[str, Any, list[Any], bool]] = [
      [Buffer, Buffer, ctypes.c_size_t, DataType, RedOp, Comm, Stream], True),
     ("ncclBroadcast", Result,
      [Buffer, Buffer, ctypes.c_size_t, DataType, ctypes.c_int, Comm, Stream], True),
-    ("ncclCommDestroy", Result, [Comm], True),
     ("ncclCommAbort", Result, [Comm], True),
-    ("ncclCommGetAsyncError", Result, [Comm, ctypes.POINTER(Result)], False),
 ]
 
 
@@ -174,16 +172,6 @@ class Nccl:
         self.check(self.fns["ncclBroadcast"](Buffer(send), Buffer(recv), count, dtype, root, comm,
                                              Stream(stream)), "ncclBroadcast")
 
-    def async_error(self, comm: Any) -> int:
-        if "ncclCommGetAsyncError" not in self.fns:
-            return 0
-        result = Result()
-        self.check(self.fns["ncclCommGetAsyncError"](comm, ctypes.byref(result)), "ncclCommGetAsyncError")
-        return result.value
-
     def abort(self, comm: Any) -> None:
-        """Frees the communicator without waiting for the peers (safe when they are gone, unlike destroy)."""
+        """Frees the communicator without waiting for the peers (safe when they are gone, unlike ncclCommDestroy)."""
         self.check(self.fns["ncclCommAbort"](comm), "ncclCommAbort")
-
-    def destroy(self, comm: Any) -> None:
-        self.check(self.fns["ncclCommDestroy"](comm), "ncclCommDestroy")

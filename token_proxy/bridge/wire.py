@@ -179,9 +179,3 @@ def vllm_push(channel: Channel[B], metas: Sequence[TensorMeta], *, packed: bool,
                 bucket.buffers.append(channel.recv(meta.dtype, meta.numel))
                 bucket.buffer_dtypes.append(meta.dtype)
         yield bucket
-
-
-def slot_bytes(bucket: Bucket[B], slot: Slot, host_bytes) -> bytes:
-    """A slot's raw bytes, read through `host_bytes` (tests; the GPU path makes views instead)."""
-    size = itemsize(bucket.buffer_dtypes[slot.buffer])
-    return host_bytes(bucket.buffers[slot.buffer])[slot.start * size:slot.stop * size]

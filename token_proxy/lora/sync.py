@@ -76,14 +76,6 @@ class AdapterPublisher:
             pins.offered[version] = [self.registry.hold(adapter) for adapter in adapters]
         return {"version": version, "adapters": [dataclasses.asdict(a) for a in adapters]}
 
-    def in_use_by_processes(self) -> dict[str, int]:
-        """Internal name -> serving processes whose requests hold it now (for tests and logs)."""
-        counts: dict[str, int] = {}
-        for pins in self._processes.values():
-            for internal in pins.held:
-                counts[internal] = counts.get(internal, 0) + 1
-        return counts
-
 
 # --- a serving process's side ----------------------------------------------------------------------------
 

@@ -168,20 +168,17 @@ class ProxyMetrics:
             PlatformCollector(registry=self.registry)
             GCCollector(registry=self.registry)
         # From the route table's flags when the app starts (routes_from_table), unless set before:
-        # routes that swap weights (timed and counted), and those after which SGLang may serve another
-        # weight version (the gauge is refreshed from /model_info).
+        # routes that swap weights (timed and counted).
         self.weight_update_routes: frozenset[str] | None = None
-        self.version_routes: frozenset[str] = frozenset()
         self._children: dict[tuple, object] = {}
         self._routes: dict[tuple[str, bool], RouteSeries] = {}  # (endpoint, stream): its children, made once
         self._vllm: VllmSeries | None = None  # the served model's vLLM children, made once
 
-    def routes_from_table(self, inference: list[str], weight_update: list[str], sets_version: list[str]) -> None:
+    def routes_from_table(self, inference: list[str], weight_update: list[str]) -> None:
         """The route table's rows: the inference routes the proxy serves, whose labelled series start
         at 0 (rate() and increase() then see the first event), and the weight routes."""
         if self.weight_update_routes is None:
             self.weight_update_routes = frozenset(weight_update)
-        self.version_routes = self.weight_update_routes | frozenset(sets_version)
         self.start_at_zero(inference, self.weight_update_routes)
 
     def start_at_zero(self, endpoints, weight_routes) -> None:

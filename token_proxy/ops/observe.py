@@ -97,7 +97,7 @@ async def _start_routes_at_zero(app: web.Application) -> None:
     (admin routes included), at 0 before its first answer."""
     metrics = app[METRICS]
     served_inference = [path for path in routes_where(app, "served") if route_kind(app, path) == INFERENCE]
-    metrics.routes_from_table(served_inference, routes_where(app, "weight_update"), routes_where(app, "sets_version"))
+    metrics.routes_from_table(served_inference, routes_where(app, "weight_update"))
     paths = sorted({resource.canonical for resource in app.router.resources()
                     if isinstance(resource, web.PlainResource)})
     metrics.start_routes_at_zero(paths, [path for path in paths if route_kind(app, path) == ADMIN])

@@ -155,9 +155,6 @@ class SGLangClient:
         except asyncio.TimeoutError as exc:
             raise BackendTimeout(f"SGLang did not answer GET {path} in time") from exc
 
-    async def healthy(self, timeout_s: float = 5.0) -> bool:
-        return await self.health_problem(timeout_s) is None
-
     async def health_problem(self, timeout_s: float = 5.0) -> str | None:
         """None when SGLang's /health answers 200; else what happened, in a few words."""
         try:

@@ -32,8 +32,6 @@ ADDED_TOKENS = [
     (151663, "<|repo_name|>", False), (151664, "<|file_sep|>", False),
 ]
 EOS_TOKEN_ID = 151645
-# The model's embedding rows (Qwen2.5 pads the vocabulary to 151936).
-MODEL_VOCAB_SIZE = 151936
 
 CHAT_TEMPLATE = r"""{%- if tools %}
 {{- '<|im_start|>system\n' }}

@@ -34,7 +34,6 @@ class SimLora:
     loaded: dict[str, str] = field(default_factory=dict)  # the registry: name -> path, load order
     # TokenizerManager.lora_ref_cache: every name ever loaded; a request naming an unloaded one re-loads it.
     ever_loaded: dict[str, str] = field(default_factory=dict)
-    unloading: set[str] = field(default_factory=set)  # unregistered, waiting for their requests to end
 
     def load(self, name: str, path: str, pool: LoraPool) -> str | None:
         """The scheduler's LoRAManager.load_lora_adapter: None, or SGLang's error message."""

@@ -17,7 +17,6 @@ PARAM_SHAPES: dict[str, tuple[int, ...]] = {
     "model.norm.weight": (8,),
     "lm_head.weight": (32, 8),
 }
-PARAM_DTYPE = "bfloat16"
 
 
 def initial_values(shape: tuple[int, ...], salt: int = 0) -> list:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from token_proxy.sglang.sampling import FIRST, keys_for
+from token_proxy.sglang.sampling import keys_for
 from token_proxy.sglang.versions import parse_version
 from token_proxy.simulator.errors import BadRequest, ContractError, InternalServerError
 
 SAMPLING_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 DEFAULT_MAX_NEW_TOKENS = 128
-KNOWN_KEYS = keys_for(FIRST)  # 0.5.17's; the one table is sglang/sampling.py
 _FLOAT_KEYS = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty")
 _INT_KEYS = ("max_new_tokens", "top_k", "min_new_tokens", "n", "stream_interval", "sampling_seed")
 

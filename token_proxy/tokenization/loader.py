@@ -15,7 +15,6 @@ class TokenizerInfo:
 
     vocab_size: int  # len(tokenizer): valid input ids are 0..vocab_size-1
     eos_token_id: int | None  # the tokenizer's: vLLM reports stop_reason null for it
-    has_chat_template: bool
 
 
 # What a model directory holds when it carries a tokenizer (a fast tokenizer, a sentencepiece model, or
@@ -63,5 +62,4 @@ def describe_tokenizer(tokenizer) -> TokenizerInfo:
     return TokenizerInfo(
         vocab_size=len(tokenizer),
         eos_token_id=tokenizer.eos_token_id,
-        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
     )

@@ -25,7 +25,7 @@ from token_proxy.tools.formats.json_prefix import JsonHead, raw_head
 from token_proxy.tools.formats.scan import CallProgress, Scan, content_before, is_json, split_at
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
-CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+CALL_BEGIN, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
 _CALL = re.compile(r"(?P<type>.*)<｜tool▁sep｜>(?P<name>.*)\n```json\n(?P<args>[\s\S]*?)\n```$")
 _NAME_LINE = re.compile(r"(?P<type>.*)<｜tool▁sep｜>(?P<name>.*)\n")
 FENCE = "```json\n"

@@ -202,9 +202,3 @@ def raw_head(head: JsonHead, text: str, final: bool) -> str:
     head.advance(text, final)
     lead = len(text) - len(text.lstrip())
     return text[lead:head.raw_end] if head.raw_end > lead else ""
-
-
-def stable_dump(text: str, final: bool = False) -> tuple[str, int | None]:
-    """JsonHead().advance(text, final): the fixed head of json.dumps of the value `text` starts with,
-    and where that value ends (None while it has not)."""
-    return JsonHead().advance(text, final)
