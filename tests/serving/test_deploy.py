@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from importlib import resources
@@ -19,6 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.admin_fixtures import free_port
 from tests.support.golden import golden_file
 from token_proxy.cli import parse_settings
 from token_proxy.cli.flags import FLAGS
@@ -198,7 +198,7 @@ async def test_image_entry_command_serves_health_and_metrics(make_sim, tokenizer
     sim = await make_sim()
     steps = _dockerfile()
     env = {**os.environ, **_dockerfile_env(steps)}
-    port = _free_port()
+    port = free_port()
     env.update(TOKEN_PROXY_HOST="127.0.0.1", TOKEN_PROXY_PORT=str(port), TOKEN_PROXY_BACKEND=str(sim.make_url("")),
                TOKEN_PROXY_TOKENIZER=str(tokenizer_dir), TOKEN_PROXY_LOG_FORMAT="json")
     (entry,) = [json.loads(args) for op, args in steps if op == "ENTRYPOINT"]
@@ -365,12 +365,6 @@ def _healthcheck_argv(steps) -> list[str]:
     (health,) = [args for op, args in steps if op == "HEALTHCHECK"]
     argv = json.loads(health[health.index(" CMD ") + 5:])
     return [sys.executable if argv[0] == "python" else argv[0], *argv[1:]]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_a_build_without_buildkit_sends_the_same_small_context():

@@ -7,15 +7,13 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
+from tests.support.admin_fixtures import free_port, http_status
 from tests.support.stderr_lines import StderrLines
 from token_proxy.cli import parse_settings
 
@@ -78,25 +76,9 @@ def test_negative_simulator_delays_are_refused(capsys):
     assert parse_settings(["--sim-ttft-ms", "0", "--sim-tpot-ms", "2.5"], {}).sim_tpot_ms == 2.5
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _status(port: int, path: str) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 def test_the_proxy_starts_in_a_pod_with_kubernetes_variables():
     """The whole process, as in a pod of the namespace: it listens and answers (503: no SGLang there)."""
-    port, dead = _free_port(), _free_port()
+    port, dead = free_port(), free_port()
     env = {**os.environ, **KUBERNETES_TOKEN_PROXY, **KUBERNETES_TOKEN_PROXY_ADMIN}
     proc = subprocess.Popen([sys.executable, "-m", "token_proxy", "--backend", f"http://127.0.0.1:{dead}",
                              "--host", "127.0.0.1", "--port", str(port)], env=env,
@@ -106,7 +88,7 @@ def test_the_proxy_starts_in_a_pod_with_kubernetes_variables():
         while status is None and time.monotonic() < deadline:
             assert proc.poll() is None, proc.stderr.read()[-2000:]
             time.sleep(0.1)
-            status = _status(port, "/health")
+            status = http_status(port, "/health")
         assert status == 503
     finally:
         proc.terminate()

@@ -17,18 +17,13 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from tests.support.admin_fixtures import free_port
 from token_proxy.cli import FLAG_GROUPS, normalise_backend_url, parse_settings
 from token_proxy.ops.access_log import RepeatFilter
 from token_proxy.serving.serve import new_event_loop
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 CLI = [sys.executable, "-m", "token_proxy.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(port: int, path: str, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
@@ -70,7 +65,7 @@ def _run(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
 def test_port_opens_at_once_and_every_route_says_why_it_cannot_serve():
     """SGLang down for the whole --backend-wait: /metrics 200; /health, /v1/models and data routes 503
     with the reason (connection refused) in the body."""
-    dead, port = _free_port(), _free_port()
+    dead, port = free_port(), free_port()
     proc = subprocess.Popen([*CLI, "--backend", f"http://127.0.0.1:{dead}", "--host", "127.0.0.1", "--port",
                              str(port), "--backend-wait", "300", "--log-format", "json"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -100,7 +95,7 @@ def test_port_opens_at_once_and_every_route_says_why_it_cannot_serve():
 
 def test_a_nonexistent_local_tokenizer_ends_start_up_in_one_line():
     result = _run(["--tokenizer", "/nonexistent/tok", "--backend", "http://127.0.0.1:1", "--port",
-                   str(_free_port())])
+                   str(free_port())])
     assert result.returncode == 2
     (line,) = [json.loads(text) for text in result.stderr.splitlines()]
     assert line["level"] == "error" and "'/nonexistent/tok'" in line["message"]
@@ -110,7 +105,7 @@ def test_a_tokenizer_that_fails_to_load_ends_start_up_naming_its_path(tmp_path):
     """The simulator runs as SGLang; the proxy's --tokenizer is a directory with a broken tokenizer."""
     (tmp_path / "tokenizer.json").write_text("{}")
     (tmp_path / "tokenizer_config.json").write_text("{}")
-    sim_port, port = _free_port(), _free_port()
+    sim_port, port = free_port(), free_port()
     sim = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(sim_port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -180,7 +175,7 @@ def test_a_busy_port_fails_in_one_line_before_the_simulator_starts():
 
 def test_a_bad_tokenizer_in_simulator_mode_names_the_path(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{}")
-    result = _run(["--tokenizer", str(tmp_path), "--port", str(_free_port())])
+    result = _run(["--tokenizer", str(tmp_path), "--port", str(free_port())])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = [json.loads(text) for text in result.stderr.splitlines()]
     assert any(line["level"] == "error" and str(tmp_path) in line["message"] for line in lines)

@@ -10,13 +10,12 @@ import logging
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import orjson
 import pytest
 
+from tests.support.admin_fixtures import free_port, http_status
 from token_proxy.app import create_app
 from token_proxy.settings import Settings
 from token_proxy.sglang import config_checks as tokenizer_check
@@ -154,32 +153,14 @@ async def test_an_sglang_that_cannot_tokenize_is_compared_by_path_with_a_warning
          "tokenizer")]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _health(port: int) -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
 def test_the_cli_exits_2_in_one_line_naming_both_tokenizers(other_tokenizer_dir):
     """The user's path: SGLang (the simulator, on its built-in Qwen2 tokenizer) and `token-proxy --tokenizer`."""
-    sim_port, port = _free_port(), _free_port()
+    sim_port, port = free_port(), free_port()
     sim = subprocess.Popen([sys.executable, "-m", "token_proxy.simulator", "--port", str(sim_port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while _health(sim_port) != 200:
+        while http_status(sim_port, "/health") != 200:
             assert time.monotonic() < deadline and sim.poll() is None, "the simulator did not start"
             time.sleep(0.1)
         proc = subprocess.run([sys.executable, "-m", "token_proxy", "--backend", f"http://127.0.0.1:{sim_port}",

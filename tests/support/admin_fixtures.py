@@ -1,5 +1,6 @@
-"""Helpers for the admin-plane tests: simulators in child processes (a torch.distributed group
-cannot hold two ranks of one name in one process), free ports, polling."""
+"""Helpers for tests that start processes (the admin plane's simulators: a torch.distributed group cannot
+hold two ranks of one name in one process; a proxy or simulator started as a command): free ports, a
+process's HTTP status, polling."""
 
 from __future__ import annotations
 
@@ -10,12 +11,25 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def http_status(port: int, path: str) -> int | None:
+    """The status a GET of `path` on 127.0.0.1:`port` answers, or None while nothing answers there."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager
