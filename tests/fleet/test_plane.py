@@ -86,3 +86,50 @@ async def test_a_workers_api_generation_is_read_from_the_picture_and_asked_only_
     assert (unknown.version, unknown.weight_update_session) == (None, True)  # no version said: the newest known
     assert calls == [(B, "/server_info", None)]  # A's came from the picture
     assert await weight_session.gated(plane, [A, B]) == [B]
+
+
+class PushingWorkers(Recorder):
+    """Two workers in one NCCL push: A takes the last bucket (and reports its version) at once, B only when
+    released; /model_info answers each worker's version."""
+
+    def __init__(self, base_url: str, calls: list, versions: dict, released):
+        super().__init__(base_url, calls)
+        self.versions, self.released = versions, released
+
+    def at(self, url: str) -> PushingWorkers:
+        return PushingWorkers(url, self.calls, self.versions, self.released)
+
+    async def call(self, method, path, raw, timeout_s):
+        if path == "/model_info":
+            return 200, orjson.dumps({"weight_version": self.versions[self.base_url]}), "application/json"
+        if path == "/update_weights_from_distributed":
+            if self.base_url == B:
+                await self.released.wait()
+            self.versions[self.base_url] = orjson.loads(raw)["weight_version"]
+        return await super().call(method, path, raw, timeout_s)
+
+
+async def test_a_worker_that_took_a_pushs_last_bucket_first_is_not_fenced_while_the_others_receive():
+    """The CI failure of stop 43 (tests/fleet/test_per_node_nccl.py): the forwarded bucket went around the
+    plane's version marking, and the fence fenced (paused, mode abort) the worker that finished first."""
+    import asyncio
+
+    from token_proxy.fleet.fence import Fence
+
+    versions, released = {A: "default", B: "default"}, asyncio.Event()
+    settings = Settings(backend_url=A, workers=(A, B))
+    plane = AdminPlane(settings=settings, workers=Workers(settings=settings,
+                                                          client=PushingWorkers(A, [], versions, released)),
+                       version_keys=version_keys())
+    plane.weights.version = "default"
+    bucket = {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2]], "weight_version": "7"}
+    push = asyncio.create_task(plane.fan_out_until_failure("POST", "/update_weights_from_distributed", bucket,
+                                                           5.0, [A, B]))
+    while versions[A] != "7":
+        await asyncio.sleep(0.001)
+    fence = Fence(plane, 0.05)
+    await fence.check()
+    assert (fence.fenced, plane.version_record().incoming) == ({}, {"7": math.inf})
+    released.set()
+    assert [r.ok for r in await push] == [True, True]
+    assert not math.isinf(plane.weights.incoming["7"])  # a grace after the call, then forgotten

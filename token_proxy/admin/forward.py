@@ -134,7 +134,7 @@ async def push_bucket(plane: AdminPlane, request: web.Request, path: str, row: F
     (the others are cut off), and the fleet goes through fleet.push_failed: groups destroyed, rolled back
     or held. The reply keeps SGLang's failure shape, with the proxy's outcome and each worker's result."""
     def call():
-        return plane.workers.fan_out_until_failure(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
+        return plane.fan_out_until_failure(request.method, path, bodies, timeout_of(plane, row.timeout), urls)
 
     replies = await weight_session.bracketed(plane, urls, call, path)
     replies = await settle_refusals(plane, replies, version_text(body.get("weight_version")))

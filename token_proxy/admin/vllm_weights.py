@@ -112,7 +112,7 @@ async def receive(plane: AdminPlane, meta: dict, action: str) -> None:
     body = {**meta, "group_name": GROUP, "flush_cache": False}  # the flush comes once, at finish
 
     def push():  # the first worker to fail ends it: its refusal reaches the trainer at once
-        return plane.workers.fan_out_until_failure("POST", "/update_weights_from_distributed", body,
+        return plane.fan_out_until_failure("POST", "/update_weights_from_distributed", body,
                                            plane.settings.weight_update_timeout_s, urls)
 
     # SGLang 0.5.21+ takes the push only inside a weight-update session, closed before any rollback.

@@ -191,6 +191,21 @@ class AdminPlane:
     async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
                       timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
         """Workers.fan_out; a call that sets a weight version marks that version incoming meanwhile."""
+        with self._setting_versions(path, bodies):
+            return await self.workers.fan_out(method, path, bodies, timeout_s, urls)
+
+    async def fan_out_until_failure(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
+                                    timeout_s: float, urls: list[str]) -> list[WorkerReply]:
+        """Workers.fan_out_until_failure (an NCCL push's bucket), its version marked incoming the same way: a
+        worker that took the last bucket reports the new version before the others and before the proxy
+        records it, and the fence must not take that for drift."""
+        with self._setting_versions(path, bodies):
+            return await self.workers.fan_out_until_failure(method, path, bodies, timeout_s, urls)
+
+    @contextlib.contextmanager
+    def _setting_versions(self, path: str, bodies):
+        """The versions a call's bodies set (its row's version_key): incoming while it runs, and for
+        INCOMING_GRACE_S after (a worker that answered late may still be on its way)."""
         key = self.version_keys.get(path.split("?", 1)[0])
         targets = _targets(bodies, key) if key else set()
         for version in targets:
@@ -199,7 +214,7 @@ class AdminPlane:
         if targets:
             self.note_change()
         try:
-            return await self.workers.fan_out(method, path, bodies, timeout_s, urls)
+            yield
         finally:
             if targets:
                 until = time.monotonic() + INCOMING_GRACE_S
