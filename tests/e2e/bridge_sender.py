@@ -193,8 +193,13 @@ def vllm_engine_trainer(args) -> None:
     )
 
     # PyNcclCommunicator turns itself off without a word when NCCLLibrary() raises, and then publishes no NCCL id:
-    # the receiver waits out its whole timeout (seen on the GPU host: 300 s). vLLM 0.33 binds ncclCommSuspend and
-    # ncclCommResume, which NCCL exports from 2.29.7 on; torch 2.11's NCCL is 2.28.9. Say so at once instead.
+    # the receiver waits (seen on the GPU host: 300 s; the bridge now names it after 30 s). vLLM 0.33 binds
+    # ncclCommSuspend and ncclCommResume, which NCCL exports from 2.29.7 on; torch 2.11's NCCL is 2.28.9. Those two
+    # serve sleep mode only (upstream.SLEEP_MODE_ONLY says where), so the round drops them from vLLM's binding
+    # when this host's NCCL lacks them (printed below); any other failure is said at once instead.
+    dropped = upstream.fit_vllm_nccl()
+    print(json.dumps({"vllm_nccl_dropped": dropped, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}),
+          file=sys.stderr, flush=True)
     try:
         NCCLLibrary()
     except Exception as exc:  # noqa: BLE001 - reported, then this trainer stops
@@ -221,7 +226,8 @@ def vllm_engine_trainer(args) -> None:
     engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=HTTPVLLMWeightSyncClient(args.proxy, 720),
                                                           source=source)
     print(json.dumps({"joined_s": round(time.perf_counter() - t0, 3), "engine": "vllm==0.33.0",
-                      "nccl": getattr(engine.model_update_group, "nccl_version", None)}), flush=True)
+                      "nccl": getattr(engine.model_update_group, "nccl_version", None),
+                      "vllm_nccl_dropped": dropped}), flush=True)
     for step in range(1, args.steps + 1):
         source.tensors = checkpoint(args.model_dir, step)  # same names and shapes: vLLM sends the metadata once
         if args.gated:
