@@ -10,6 +10,7 @@ So it proves the script, not the figures: its seconds say nothing about NCCL or 
 
     python bench/bridge_cpu_fallback.py sglang PORT CHECKPOINT_DIR   # the stand-in SGLang (writes the checkpoint)
     python bench/bridge_cpu_fallback.py bridge ARGS...               # python -m token_proxy.bridge ARGS, on gloo
+    python bench/bridge_cpu_fallback.py vllm-engine PROXY PORT CHECKPOINT_DIR VLLM_ENGINE_SRC PACKED_BYTES STEPS
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import functools
 import os
 import pickle
 import sys
@@ -165,17 +167,65 @@ def serve_sglang(port: int, checkpoint: Path) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
+def vllm_engine(proxy: str, port: int, checkpoint: Path, vllm_root: str, packed_bytes: int, steps: int) -> None:
+    """vLLM 0.33's own trainer engine (NCCLTrainerWeightTransferEngine with its HTTPVLLMWeightSyncClient, loaded
+    unmodified by tests/bridge/upstream.enter_vllm), pushing through the proxy and the bridge on CPU: only its
+    endpoint (PyNcclCommunicator, which needs CUDA) is the GlooCommunicator above, and its CUDA streams no-ops.
+    Step 1 sends the checkpoint + 1/8, step 2 the checkpoint; one JSON line per step."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from tests.bridge import upstream
+
+    upstream.enter_vllm(vllm_root)
+    from vllm.distributed.weight_transfer import nccl_engine, packed_tensor
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+
+    nccl_engine.open_trainer_endpoint = lambda info: GlooCommunicator(info.master_port, info.world_size, 120)
+    cpu_packing(packed_tensor)
+    torch.cuda.current_stream = _NoStream
+
+    class Checkpoint(WeightSource):
+        def __init__(self, tensors: dict):
+            self.tensors = tensors
+
+        @functools.cached_property
+        def metadata(self) -> list:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
+
+        def iter_full(self):
+            yield from self.tensors.items()
+
+    base = load_file(str(checkpoint / "model.safetensors"))
+    source = Checkpoint({k: v + 0.125 for k, v in base.items()})
+    init = nccl_engine.NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=2,
+                                           packed=bool(packed_bytes), packed_buffer_size_bytes=packed_bytes or 1 << 30,
+                                           packed_num_buffers=2, rank=0)
+    engine = nccl_engine.NCCLTrainerWeightTransferEngine.trainer_init(
+        init, client=HTTPVLLMWeightSyncClient(proxy, 120), source=source)
+    print(json.dumps({"joined": True}), flush=True)
+    for step in range(1, steps + 1):
+        source.tensors = {k: v + 0.125 for k, v in base.items()} if step % 2 else dict(base)
+        engine.send_weights()
+        print(json.dumps({"step": step, "sent": {k: v.float().flatten()[:4].tolist()
+                                                 for k, v in source.tensors.items()}}), flush=True)
+
+
 def main() -> None:
     what, args = sys.argv[1], sys.argv[2:]
     if what == "sglang":
         serve_sglang(int(args[0]), Path(args[1]))
+    elif what == "vllm-engine":
+        vllm_engine(args[0], int(args[1]), Path(args[2]), args[3], int(args[4]), int(args[5]))
     elif what == "bridge":
         patch_receivers()
         from token_proxy.bridge.__main__ import main as bridge_main
 
         bridge_main(args)
     else:
-        sys.exit(f"usage: {__doc__.splitlines()[-2].strip()}")
+        sys.exit(f"usage: {__doc__.splitlines()[-4].strip()} (or bridge, vllm-engine: see the docstring)")
 
 
 if __name__ == "__main__":
