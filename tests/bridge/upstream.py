@@ -82,3 +82,32 @@ def enter_vllm(root: str) -> None:
         module.__path__ = [os.path.join(root, *name.split("."))]
         sys.modules[name] = module
     stub("vllm._C_stable_libtorch")
+
+
+# What vLLM 0.33's NCCLLibrary binds at construction although its trainer engine never calls it: ncclCommSuspend
+# and ncclCommResume (NCCL >= 2.29.7) serve sleep mode only: PyNcclCommunicator.suspend/resume, called by
+# parallel_state.suspend_device_comms/resume_device_comms from the worker's sleep/wake_up when
+# enable_nccl_comm_suspend is on; suspend() checks has_symbol("ncclCommSuspend") first, and resume() is a no-op
+# unless suspended. NCCLLibrary raises on any other missing symbol (on CUDA), and a call to a dropped one would be a
+# KeyError in NCCLLibrary._funcs: loud, never a silent change of what is sent.
+SLEEP_MODE_ONLY = ("ncclCommSuspend", "ncclCommResume")
+
+
+def drop_absent_sleep_symbols(library_cls: type, lib: object) -> list[str]:
+    """Removes from `library_cls.exported_functions` (vLLM's NCCLLibrary) the SLEEP_MODE_ONLY symbols that `lib`
+    (the loaded libnccl, a ctypes.CDLL) lacks; returns their names (none on NCCL >= 2.29.7: nothing changes)."""
+    absent = [f.name for f in library_cls.exported_functions if f.name in SLEEP_MODE_ONLY and not hasattr(lib, f.name)]
+    library_cls.exported_functions = [f for f in library_cls.exported_functions if f.name not in absent]
+    return absent
+
+
+def fit_vllm_nccl(so_file: str | None = None) -> list[str]:
+    """Lets vLLM 0.33's PyNcclCommunicator (after enter_vllm) load an NCCL older than 2.29.7, such as torch 2.11's
+    2.28.9 on the GPU host, instead of turning itself off without a word (it catches NCCLLibrary()'s AttributeError
+    for ncclCommSuspend and publishes no id): drop_absent_sleep_symbols on the library vLLM would load. Call it
+    before the first NCCLLibrary(); returns the dropped names, for the test to print."""
+    import ctypes
+
+    from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary, find_nccl_library
+
+    return drop_absent_sleep_symbols(NCCLLibrary, ctypes.CDLL(so_file or find_nccl_library()))

@@ -193,14 +193,28 @@ def vllm_engine_trainer(args) -> None:
     )
 
     # PyNcclCommunicator turns itself off without a word when NCCLLibrary() raises, and then publishes no NCCL id:
-    # the receiver waits out its whole timeout (seen on the GPU host: 300 s). vLLM 0.33 binds ncclCommSuspend and
-    # ncclCommResume, which NCCL exports from 2.29.7 on; torch 2.11's NCCL is 2.28.9. Say so at once instead.
-    try:
-        NCCLLibrary()
-    except Exception as exc:  # noqa: BLE001 - reported, then this trainer stops
-        print(json.dumps({"engine_unusable": f"vLLM 0.33's PyNcclCommunicator cannot load this process's NCCL "
-                          f"({torch.cuda.nccl.version()}) and would disable itself silently: {exc!r}"}), flush=True)
-        sys.exit(3)
+    # the receiver waits (seen on the GPU host: 300 s; the bridge now names it after 30 s). vLLM 0.33 binds
+    # ncclCommSuspend and ncclCommResume, which NCCL exports from 2.29.7 on; torch 2.11's NCCL is 2.28.9. Those two
+    # serve sleep mode only (upstream.SLEEP_MODE_ONLY says where), so the round drops them from vLLM's binding
+    # when this host's NCCL lacks them (printed below); any other failure is said at once instead.
+    nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
+    if args.keep_vllm_nccl:  # the drill: vLLM's binding as it is, so that PyNccl may turn itself off
+        try:
+            NCCLLibrary()
+            print(json.dumps({"pynccl_loads": nccl_version}), flush=True)
+            return
+        except Exception as exc:  # noqa: BLE001 - what vLLM swallows, said here for the log
+            print(json.dumps({"pynccl_off": f"NCCL {nccl_version}: {exc!r}"}), flush=True)
+        dropped = []
+    else:
+        dropped = upstream.fit_vllm_nccl()
+        print(json.dumps({"vllm_nccl_dropped": dropped, "nccl": nccl_version}), file=sys.stderr, flush=True)
+        try:
+            NCCLLibrary()
+        except Exception as exc:  # noqa: BLE001 - reported, then this trainer stops
+            print(json.dumps({"engine_unusable": f"vLLM 0.33's PyNcclCommunicator cannot load this process's NCCL "
+                              f"({nccl_version}) and would disable itself silently: {exc!r}"}), flush=True)
+            sys.exit(3)
 
     class Checkpoint(WeightSource):
         def __init__(self, tensors: dict):
@@ -221,7 +235,8 @@ def vllm_engine_trainer(args) -> None:
     engine = NCCLTrainerWeightTransferEngine.trainer_init(init, client=HTTPVLLMWeightSyncClient(args.proxy, 720),
                                                           source=source)
     print(json.dumps({"joined_s": round(time.perf_counter() - t0, 3), "engine": "vllm==0.33.0",
-                      "nccl": getattr(engine.model_update_group, "nccl_version", None)}), flush=True)
+                      "nccl": getattr(engine.model_update_group, "nccl_version", None),
+                      "vllm_nccl_dropped": dropped}), flush=True)
     for step in range(1, args.steps + 1):
         source.tensors = checkpoint(args.model_dir, step)  # same names and shapes: vLLM sends the metadata once
         if args.gated:
@@ -260,6 +275,8 @@ def main() -> None:
     p.add_argument("--bad", choices=["name", "shape"], default="name")
     p.add_argument("--pause-between-s", type=float, default=0.0, help="prime-rl: sleep after each chunk")
     p.add_argument("--gated", action="store_true", help="vLLM: each push waits for STEPS_DIR/step_N/NCCL_READY")
+    p.add_argument("--keep-vllm-nccl", action="store_true",
+                   help="vllm-engine: vLLM's NCCL binding as it is (no upstream.fit_vllm_nccl): the PyNccl-off drill")
     args = p.parse_args()
     torch.cuda.set_device(0)
     if args.dialect == "vllm-engine":

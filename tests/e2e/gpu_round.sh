@@ -22,14 +22,16 @@
 #   bridge        plain server on GPU 0: tests/e2e/test_live_bridge.py (issue 38): the IPC hand-off on one GPU; with
 #                 E2E_TRAINER_GPU=1 (two GPUs) the trainer's pushes through proxy + bridge in both dialects, under
 #                 rollouts, default and socket transports, then the drills (BRIDGE_K=pushes|engine|drills splits
-#                 it in three calls; each starts SGLang if it is down). Also expects, from the dev machine
+#                 it in three calls; each starts SGLang if it is down; engine runs vLLM 0.33's own engine on the
+#                 host's NCCL, tests/bridge/upstream.fit_vllm_nccl says how). Also expects, from the dev machine
 #                 (tests/bridge/record_streams.py's docstring): .gpu/primerl/prime_rl/... (prime-rl@559b447's
 #                 transports/weights/nccl.py and trainer/conversion_utils.py) and .gpu/vllm033/vllm/distributed/
 #                 weight_transfer/packed_tensor.py (vllm 0.33.0): the senders' own framing code; and for the
 #                 engine cases .gpu/vllm033py.tar.xz (vllm 0.33.0's .py files the trainer engine imports, and its
 #                 dist-info METADATA: 1 MB; see tests/bridge/upstream.py)
-#   bench-bridge  plain server on GPU 0, trainer on GPU 1: bench/bench_bridge.py (>= 1 GiB through the bridge and
-#                 through token_proxy.broadcast, side by side) -> $OUT/bridge-bench.md
+#   bench-bridge  plain server on GPU 0, trainer on GPU 1: bench/bench_bridge.py (>= 1 GiB through the bridge, through
+#                 token_proxy.broadcast via the proxy and straight at SGLang, side by side) -> $OUT/bridge-bench.md
+#                 (its CPU dry run: bench/bench_bridge.py --cpu-fallback, gloo + the simulator, labelled FALLBACK)
 #   rhythm        plain server: bench/chaos.py --rhythm, 24 bursts of 256 chats (6,144) through one proxy
 #                 worker, idle gaps sweeping 4.5-6 s across SGLang's 5 s keep-alive; lost must be 0 (~4 min)
 set -u
@@ -87,7 +89,7 @@ case "$mode" in
     # pushes, "drills" the failure drills; unset: all (~8 min: only on a warm machine, SGLang already up)
     case "${BRIDGE_K:-}" in
       pushes) k="handoff or (pushes_through and not engine)" ;; engine) k="pushes_through and engine" ;;
-      drills) k="mismatched or refused or killed" ;; *) k="${BRIDGE_K:-}" ;;
+      drills) k="mismatched or refused or killed or pynccl_turned_itself_off" ;; *) k="${BRIDGE_K:-}" ;;
     esac
     # vLLM 0.33's own trainer engine: the wheel's .py files (tests/bridge/upstream.py's enter_vllm says what is ours)
     if [ -f .gpu/vllm033py.tar.xz ] && [ ! -f .gpu/vllm033py/.done ]; then
@@ -98,7 +100,7 @@ case "$mode" in
       SGLANG_URL=http://127.0.0.1:30000 timeout "${BRIDGE_LIMIT:-420}" python3 -m pytest -q tests/e2e/test_live_bridge.py \
       -m gpu -k "$k" -p no:cacheprovider -rs -s --durations=0 2>&1 | tee "$OUT/bridge-${BRIDGE_K:-all}.log" | tail -80 ;;
   bench-bridge)
-    timeout 420 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \
+    timeout 540 python3 bench/bench_bridge.py --sglang http://127.0.0.1:30000 --trainer-gpu "${E2E_TRAINER_GPU:-1}" \
       --gib "${BRIDGE_GIB:-1}" --rounds 3 --logs "$OUT/bench-bridge-logs" 2>&1 | tee "$OUT/bridge-bench.md" | tail -40 ;;
   bench-*)
     stream=${mode#bench-}

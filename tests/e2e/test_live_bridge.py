@@ -241,6 +241,38 @@ async def test_mismatched_nccl_environment_is_one_clear_error(live_proxy, sglang
         print(bridge.stop()[-3000:])
 
 
+@needs_two
+async def test_a_trainer_whose_pynccl_turned_itself_off_is_named_within_the_grace(live_proxy, sglang, model_path,
+                                                                                    tmp_path):
+    """vLLM 0.33's own engine on this host's NCCL as it is (no upstream.fit_vllm_nccl): where the library lacks
+    ncclCommSuspend (NCCL < 2.29.7), vLLM's PyNcclCommunicator turns itself off without a word and publishes no id.
+    Expected: the bridge names that in one line ~30 s after its rank joined the trainer's store (not after the
+    300 s join timeout), and the trainer's trainer_init fails on the proxy's 502 instead of hanging."""
+    if not ENGINE.is_file():
+        pytest.skip(f"VLLM_ENGINE_SRC={ENGINE_SRC!r} holds no vLLM 0.33 source (.gpu/vllm033py.tar.xz)")
+    bridge = Bridge(sglang.url, {})
+    try:
+        proxy = await live_proxy(weight_bridges=(bridge.url,), check_local_paths=False)
+        url = str(proxy.make_url("")).rstrip("/")
+        trainer = sender("vllm-engine", url, model_path, str(tmp_path), {}, 1 << 20, steps=1,
+                         extra=("--keep-vllm-nccl",))
+        state = await wait_line(trainer, "pynccl_off", also="pynccl_loads")
+        if "pynccl_loads" in state:
+            trainer.kill()
+            pytest.skip(f"this host's NCCL has every symbol vLLM 0.33 binds ({state}): PyNccl stays on")
+        t0 = time.perf_counter()
+        code = await asyncio.get_running_loop().run_in_executor(None, trainer.wait, 120)
+        elapsed = time.perf_counter() - t0
+        out = trainer.stdout.read()
+        print(f"trainer exit {code} after {elapsed:.1f} s: {out[-1500:]}")
+        log = Path(bridge.log.name).read_text()
+        assert "but the trainer published no NCCL id within 30 s: its PyNcclCommunicator turned itself off" in log
+        assert code != 0 and "502" in out, out[-1500:]
+        assert elapsed < 90, elapsed
+    finally:
+        print(bridge.stop()[-3000:])
+
+
 async def primerl_step(proxy, steps_dir: Path, step: int) -> tuple[int, dict]:
     """The prime-rl orchestrator's step through the proxy: /pause, NCCL_READY, /update_weights (not /resume)."""
     print("pause:", await post(proxy, "/pause"))  # a second pause while held is SGLang's to answer; not the point

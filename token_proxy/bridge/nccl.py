@@ -23,6 +23,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -44,6 +46,56 @@ class JoinSpec:
     rank: int
     gpu: int  # the device index this process sees
     timeout_s: float
+
+
+# The trainer's rank 0 (vLLM's StatelessProcessGroup.create, the TCPStore master) is released once every rank has
+# joined its store, and its PyNcclCommunicator then publishes the id at once. torch's own count of the joined
+# (TCPStore's "init/") is not readable through the store's API, so each bridge rank adds itself under this key of
+# the trainer's store (a key vLLM and prime-rl never read); all receiving ranks in = rank 0 was released.
+JOINED_KEY = "token_proxy.bridge/joined"
+UID_GRACE_S = 30.0  # from the last rank's arrival: ncclGetUniqueId takes well under a second
+
+
+def no_unique_id(spec: JoinSpec, grace_s: float, bridge_nccl: str) -> str:
+    """The one line for a trainer whose rank 0 was released but never published its NCCL id."""
+    return (f"rank {spec.rank}: every receiving rank has joined the trainer's store at {spec.host}:{spec.port}, "
+            f"but the trainer published no NCCL id within {grace_s:g} s: its PyNcclCommunicator turned itself off, "
+            f"which vLLM does without a word when NCCLLibrary() fails in the trainer's process. Usual causes: the "
+            f"trainer's libnccl lacks a symbol its vLLM binds (vLLM 0.33 binds ncclCommSuspend, NCCL >= 2.29.7: "
+            f"torch >= 2.14 or nvidia-nccl-cu13 >= 2.29.7; torch 2.11 ships 2.28.9), VLLM_NCCL_SO_PATH names no "
+            f"NCCL, VLLM_DISABLE_PYNCCL=1, or vLLM's pyzmq is missing. Check in the trainer's environment: python -c "
+            f"'from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary; NCCLLibrary()'. This "
+            f"bridge runs NCCL {bridge_nccl}; the trainer's must be the same version")
+
+
+def wait_for_unique_id(store: Any, spec: JoinSpec, bridge_nccl: Callable[[], str], grace_s: float = UID_GRACE_S,
+                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                       ) -> bytes:
+    """The value under `broadcast_from/0/0` of the trainer's store, or a JoinError within the timeout: after
+    `grace_s` from the moment all receiving ranks are in, it names why a trainer publishes none (vLLM's PyNccl
+    disables itself silently, and the trainer's `trainer_init` then waits on the proxy's answer, not on NCCL)."""
+    store.add(JOINED_KEY, 1)
+    receivers = spec.world_size - 1
+    deadline, all_in, joined = clock() + spec.timeout_s, None, 0
+    while not store.check([UID_STORE_KEY]):
+        now = clock()
+        if all_in is None:
+            joined = store.add(JOINED_KEY, 0)
+            all_in = now if joined >= receivers else None
+        if all_in is not None and now - all_in >= grace_s:
+            raise JoinError(no_unique_id(spec, grace_s, bridge_nccl()))
+        if now >= deadline:
+            raise JoinError(f"rank {spec.rank}: the trainer's store at {spec.host}:{spec.port} gave no NCCL id "
+                            f"within {spec.timeout_s:g} s ({joined} of {receivers} receiving rank(s) had joined it)")
+        sleep(0.1)
+    return store.get(UID_STORE_KEY)
+
+
+def _version_or_unknown() -> str:
+    try:
+        return nccl_version()
+    except Exception:  # noqa: BLE001 - only for the message
+        return "unknown (its libnccl did not load)"
 
 
 def nccl_version() -> str:
@@ -159,7 +211,9 @@ def join(spec: JoinSpec, nccl_log_dir: str | None = None) -> Link:
     try:
         store = dist.TCPStore(spec.host, spec.port, world_size=spec.world_size, is_master=False,
                               timeout=timedelta(seconds=spec.timeout_s))
-        uid = read_unique_id(store.get(UID_STORE_KEY))
+        uid = read_unique_id(wait_for_unique_id(store, spec, _version_or_unknown))
+    except JoinError:
+        raise
     except Exception as exc:
         raise JoinError(f"rank {spec.rank}: the trainer's store at {spec.host}:{spec.port} gave no NCCL id "
                         f"within {spec.timeout_s:g} s: {exc}") from exc
