@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enable-weights-cpu-backup", action="store_true")
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
-                        help="seconds a weight-update group join or receive waits for its peers")
+                        help="seconds a weight-update group join or receive waits for its peers (SGLang has no flag: torch's 30 min)")
     parser.add_argument("--sglang-version", default=SimConfig.sglang_version, choices=VERSIONS,
                         help="the SGLang release whose API to mimic (0.5.17 is verified against a real server)")
     parser.add_argument("--timeout-keep-alive", type=float, default=None,
