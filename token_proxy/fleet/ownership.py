@@ -109,7 +109,7 @@ def shifted(record: VersionRecord, offset: float) -> VersionRecord:
     """The controller's record on this process's monotonic clock (`offset`: ours minus its)."""
     return VersionRecord(record.current, record.initial, [(t + offset, v) for t, v in record.history],
                          {v: until if math.isinf(until) else until + offset for v, until in record.incoming.items()},
-                         record.unavailable)
+                         record.unavailable, record.joining)
 
 
 class ControllerMirror:
