@@ -18,7 +18,7 @@ import pytest
 
 from tests.admin.test_fleet import url_of
 from tests.support.admin_fixtures import until
-from token_proxy.fleet import ADMIN
+from token_proxy.fleet import ADMIN, joins
 from token_proxy.simulator import params
 from token_proxy.simulator.state import SIM_STATE
 from token_proxy.simulator.weight_routes import WEIGHTS
@@ -47,6 +47,7 @@ class Rendezvous:
 
 @pytest.fixture
 def rendezvous(monkeypatch):
+    monkeypatch.setattr(joins, "JOIN_GRACE_S", 0.3)
     wedge = Rendezvous()
     monkeypatch.setattr(params, "join_group", wedge)
     monkeypatch.setattr(params, "leave_group", lambda group: None)
@@ -114,13 +115,30 @@ async def test_every_worker_of_a_fleet_wedged_in_the_join_refuses_chats_until_al
     assert (await proxy.post("/v1/chat/completions", json=CHAT)).status == 200
 
 
-async def test_a_join_that_completes_in_time_answers_as_before(make_sim, make_proxy, rendezvous):
+async def test_a_join_that_completes_in_time_delays_chats_and_refuses_none(make_sim, make_proxy, rendezvous):
     sim = await make_sim()
     proxy = await make_proxy(sim, init_group_timeout_s=5.0)
     threading.Timer(0.2, rendezvous.end, args=(True,)).start()
-    reply = await proxy.post("/init_weights_update_group", json=JOIN)
+    join = asyncio.ensure_future(proxy.post("/init_weights_update_group", json=JOIN))
+    await asyncio.sleep(0.05)
+    chat = await proxy.post("/v1/chat/completions", json=CHAT)  # waits on the blocked scheduler, then served
+    assert chat.status == 200
+    reply = await join
     assert (reply.status, (await reply.json())["success"]) == (200, True)
     assert list(sim.app[WEIGHTS].groups) == ["weight_update_group"]
     assert (proxy.app[ADMIN].joins.open, proxy.app[ADMIN].push.live_groups) == ({}, {"weight_update_group"})
     assert (await proxy.post("/v1/chat/completions", json=CHAT)).status == 200
-    await asyncio.sleep(0)
+
+
+async def test_a_chat_sent_within_the_grace_of_a_stuck_join_waits_then_later_ones_are_refused(
+        make_sim, make_proxy, rendezvous):
+    sim = await make_sim()
+    proxy = await make_proxy(sim, init_group_timeout_s=5.0)
+    join = asyncio.ensure_future(proxy.post("/init_weights_update_group", json=JOIN))
+    await until(lambda: bool(proxy.app[ADMIN].joins.open), timeout=5)
+    early = asyncio.ensure_future(proxy.post("/v1/chat/completions", json=CHAT))
+    await asyncio.sleep(0.5)  # past the grace (0.3 s here)
+    assert (await proxy.post("/v1/chat/completions", json=CHAT)).status == 503
+    assert not early.done()
+    rendezvous.end(joined=False)
+    assert ((await join).status, (await asyncio.wait_for(early, 10)).status) == (400, 200)

@@ -10,10 +10,11 @@ The proxy's rules (every join passes through AdminPlane.fan_out, whichever route
 - each worker's join is a call of its own, left open until SGLang answers it (at most torch's timeout plus a
   margin); the caller waits up to its own bound (--init-group-timeout, or prime-rl's `timeout`) and a worker
   that has not answered by then is answered 504 for it;
-- while a worker is joining it is named in /weight_info `joining` and, when every worker the data path
-  reaches is joining (or fenced), chats get a prompt 503 with Retry-After (plane.unavailable; the proxy's
-  /health says why too) instead of a wait on a blocked scheduler: from the join's start, since the worker
-  cannot serve from then on (a join that completes ends it within a moment, before the client's retry);
+- while a worker is joining it is named in /weight_info `joining`; once its join has lasted JOIN_GRACE_S and
+  every worker the data path reaches is joining (or fenced), chats get a prompt 503 with Retry-After
+  (plane.unavailable; the proxy's /health says why too) instead of a wait on a blocked scheduler. A healthy
+  join (the trainer meets the workers within a moment) never refuses a chat: the chats it delays are served
+  when it ends; those sent during the grace of a join that never completes wait until SGLang answers it;
 - when SGLang finally answers a join its caller gave up on, the worker serves again: a group it joined late is
   destroyed at once (its caller was told the join failed and joins again under the same name, which SGLang
   refuses while the name is registered); a failed join leaves nothing. Either way its mark is cleared. A worker
@@ -42,6 +43,9 @@ JOIN_PATH = "/init_weights_update_group"
 TORCH_RENDEZVOUS_S = 1800.0
 LATE_MARGIN_S = 60.0
 DEFAULT_GROUP = "weight_update_group"
+# How long a join may last before the chats that would wait on it are refused: a trainer and its workers meet
+# within a moment (prime-rl's orchestrator and trainer join together), so a join older than this is stuck.
+JOIN_GRACE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -67,8 +71,10 @@ class Joins:
         return [join.as_dict() for join in self.open.values()]
 
     def blocking(self, urls: set[str]) -> str | None:
-        """Why the workers `urls` (every one the data path reaches) serve nothing now, or None."""
-        if not urls or not urls <= set(self.open):
+        """Why the workers `urls` (every one the data path reaches) serve nothing now (each inside a join for
+        JOIN_GRACE_S or longer), or None."""
+        stuck_since = time.monotonic() - JOIN_GRACE_S
+        if not urls or not urls <= {url for url, join in self.open.items() if join.since <= stuck_since}:
             return None
         named = ", ".join(f"{url} (group {self.open[url].group!r})" for url in sorted(urls))
         return (f"every worker is inside {JOIN_PATH}: {named}; SGLang's scheduler serves nothing until the group's "
@@ -103,6 +109,8 @@ async def join(plane: Plane, method: str, bodies: list[dict] | dict | bytes | No
         call.add_done_callback(plane.joins.calls.discard)
         calls[call] = entry
     plane.note_change()
+    # the record the data path reads is remade on a change: one when the grace ends (a no-op once answered)
+    asyncio.get_running_loop().call_later(JOIN_GRACE_S, plane.note_change)
     try:
         done, pending = await asyncio.wait(calls, timeout=timeout_s)
     except asyncio.CancelledError:  # the caller left: SGLang still answers every join
