@@ -16,7 +16,8 @@ Phases (each under the same rollout load; the load never stops between phases):
   failed-push   prime-rl's step with a wrong shape in the middle (refused), then a retry with the same group name
   join-wedge    a join the trainer does not meet in time (the first GPU round's port race, made on purpose):
                 /init_broadcaster {"timeout": 5} to a port nobody listens on: 504 after 5 s, /weight_info
-                `joining` names both workers, chats meanwhile a prompt 503 (refused, not lost); then the trainer
+                `joining` names both workers, chats sent past its 2 s grace a prompt 503 (refused, not lost;
+                the load is held during the grace, whose chats would wait for the join's end); then the trainer
                 joins on that port late: SGLang answers, the proxy destroys the late group, chats are served
                 again; then a prime-rl step under the same group name lands
   disk          /pause, /update_weights {"weight_dir", "verify": "checksum"} (a checkpoint the trainer writes), /resume
@@ -73,6 +74,7 @@ from dataclasses import dataclass, field
 PHASES = ("steady", "nccl-primerl", "nccl-vllm", "failed-push", "join-wedge", "disk", "kill-b", "nccl-after",
           "proxy-restart", "replica", "findings-2-3")
 WEDGE_S = 5.0  # join-wedge: the proxy's bound on the join nobody meets (prime-rl's /init_broadcaster `timeout`)
+JOIN_GRACE_S = 2.0  # token_proxy/fleet/joins.py's: a join older than this makes chats a prompt 503
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleet_trainer.py")
 USER = [{"role": "user", "content": "Write a short poem about the sea."}]
 
@@ -674,9 +676,16 @@ class Round:
     async def join_wedge(self) -> None:
         group, port, world = "fleet-wedge", free_port(), len(self.args.worker)
         self.load.no_healthy = True  # both workers sit in the join: a prompt 503 is what is asked
-        await self.admin("POST", "/init_broadcaster", {
+        # a chat sent within the join's first 2 s (fleet/joins.py's grace, which spares healthy joins) waits for
+        # its end: held back until then, so the rollouts show what comes after (tests/fleet/test_join_wedge.py
+        # covers those that wait)
+        await self.held_load("until the join is past its 2 s grace")
+        wedge = asyncio.create_task(self.admin("POST", "/init_broadcaster", {
             "host": "127.0.0.1", "port": port, "timeout": WEDGE_S, "rank_offset": 0, "inference_world_size": world,
-            "backend": self.args.backend, "group_name": group}, expect=(504,), timeout_s=WEDGE_S + 30)
+            "backend": self.args.backend, "group_name": group}, expect=(504,), timeout_s=WEDGE_S + 30))
+        await asyncio.sleep(JOIN_GRACE_S + 0.5)
+        self.load.release()
+        await wedge
         _, info = await self.admin("GET", "/weight_info")
         joining = sorted(j["url"] for j in (info or {}).get("joining", []) if isinstance(j, dict))
         self.note(f"/weight_info joining {joining}", joining == sorted(self.args.worker))

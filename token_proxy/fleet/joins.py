@@ -100,6 +100,8 @@ async def join(plane: Plane, method: str, bodies: list[dict] | dict | bytes | No
                urls: list[str] | None) -> list[WorkerReply]:
     """The join on every worker, answered within `timeout_s`; a worker's call that outlasts it stays open."""
     urls = urls if urls is not None else await plane.workers.worker_urls()
+    if not urls:
+        return []
     bodies = bodies if isinstance(bodies, list) else [bodies] * len(urls)
     calls: dict[asyncio.Task, Join] = {}
     for url, body in zip(urls, bodies):
@@ -135,7 +137,10 @@ async def _one(plane: Plane, method: str, url: str, body, entry: Join) -> Worker
     try:
         [reply] = await plane.workers.fan_out(method, JOIN_PATH, body, TORCH_RENDEZVOUS_S + LATE_MARGIN_S, [url])
         if entry.caller_gave_up:
-            await _late(plane, entry, reply)
+            try:
+                await _late(plane, entry, reply)
+            except Exception:  # a background clean-up: say so, never raise into nobody
+                log.exception("cleaning up after %s's late join of group %r failed", url, entry.group)
         return reply
     finally:
         if plane.joins.open.get(url) is entry:
