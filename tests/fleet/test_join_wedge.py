@@ -19,8 +19,7 @@ import pytest
 from tests.admin.test_fleet import url_of
 from tests.support.admin_fixtures import until
 from token_proxy.fleet import ADMIN, joins
-from token_proxy.simulator import params
-from token_proxy.simulator.state import SIM_STATE
+from token_proxy.simulator import SIM_STATE, params
 from token_proxy.simulator.weight_routes import WEIGHTS
 
 JOIN = {"master_address": "127.0.0.1", "master_port": 29534, "rank_offset": 1, "world_size": 2}

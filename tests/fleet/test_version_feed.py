@@ -8,8 +8,7 @@ import asyncio
 import math
 import time
 
-from token_proxy.fleet import version_feed
-from token_proxy.fleet.versions import VersionRecord
+from token_proxy.fleet import VersionRecord, version_feed
 from token_proxy.serving.control import CONTROL_ROUTES
 
 

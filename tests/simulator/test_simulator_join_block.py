@@ -16,8 +16,7 @@ import time
 import aiohttp
 import pytest
 
-from token_proxy.simulator import params
-from token_proxy.simulator.state import SIM_STATE
+from token_proxy.simulator import SIM_STATE, params
 
 JOIN = {"master_address": "127.0.0.1", "master_port": 29533, "rank_offset": 1, "world_size": 2,
         "group_name": "wedged"}
