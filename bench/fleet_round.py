@@ -14,6 +14,12 @@ Phases (each under the same rollout load; the load never stops between phases):
   nccl-vllm     vLLM's drop-in (token_proxy.broadcast.vllm_engine): trainer_init, /pause?mode=keep, send_weights,
                 /finish_weight_update {"weight_version"}, /resume (SkyRL's order)
   failed-push   prime-rl's step with a wrong shape in the middle (refused), then a retry with the same group name
+  join-wedge    a join the trainer does not meet in time (the first GPU round's port race, made on purpose):
+                /init_broadcaster {"timeout": 5} to a port nobody listens on: 504 after 5 s, /weight_info
+                `joining` names both workers, chats sent past its 2 s grace a prompt 503 (refused, not lost;
+                the load is held during the grace, whose chats would wait for the join's end); then the trainer
+                joins on that port late: SGLang answers, the proxy destroys the late group, chats are served
+                again; then a prime-rl step under the same group name lands
   disk          /pause, /update_weights {"weight_dir", "verify": "checksum"} (a checkpoint the trainer writes), /resume
   kill-b        worker B killed with -9, restarted, and the rollouts go on
   nccl-after    one more NCCL step (prime-rl's), the restarted worker included
@@ -65,8 +71,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-PHASES = ("steady", "nccl-primerl", "nccl-vllm", "failed-push", "disk", "kill-b", "nccl-after", "proxy-restart",
-          "replica", "findings-2-3")
+PHASES = ("steady", "nccl-primerl", "nccl-vllm", "failed-push", "join-wedge", "disk", "kill-b", "nccl-after",
+          "proxy-restart", "replica", "findings-2-3")
+WEDGE_S = 5.0  # join-wedge: the proxy's bound on the join nobody meets (prime-rl's /init_broadcaster `timeout`)
+JOIN_GRACE_S = 2.0  # token_proxy/fleet/joins.py's: a join older than this makes chats a prompt 503
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fleet_trainer.py")
 USER = [{"role": "user", "content": "Write a short poem about the sea."}]
 
@@ -664,6 +672,40 @@ class Round:
             await self.close_group(group)
         else:
             await self.admin("POST", "/resume?force=true", expect=(200, 409))
+
+    async def join_wedge(self) -> None:
+        group, port, world = "fleet-wedge", free_port(), len(self.args.worker)
+        self.load.no_healthy = True  # both workers sit in the join: a prompt 503 is what is asked
+        # a chat sent within the join's first 2 s (fleet/joins.py's grace, which spares healthy joins) waits for
+        # its end: held back until then, so the rollouts show what comes after (tests/fleet/test_join_wedge.py
+        # covers those that wait)
+        await self.held_load("until the join is past its 2 s grace")
+        wedge = asyncio.create_task(self.admin("POST", "/init_broadcaster", {
+            "host": "127.0.0.1", "port": port, "timeout": WEDGE_S, "rank_offset": 0, "inference_world_size": world,
+            "backend": self.args.backend, "group_name": group}, expect=(504,), timeout_s=WEDGE_S + 30))
+        await asyncio.sleep(JOIN_GRACE_S + 0.5)
+        self.load.release()
+        await wedge
+        _, info = await self.admin("GET", "/weight_info")
+        joining = sorted(j["url"] for j in (info or {}).get("joining", []) if isinstance(j, dict))
+        self.note(f"/weight_info joining {joining}", joining == sorted(self.args.worker))
+        await asyncio.sleep(3.0)  # the load meets the wedge
+        self.trainer.send({"op": "init", "port": port, "group": group, "world": world, "announce": False,
+                           "url": self.args.proxy})
+        self.trainer_note("late init (announce=False)", await self.trainer.answer(self.args.push_timeout + 20))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            _, info = await self.admin("GET", "/weight_info")
+            if isinstance(info, dict) and not info.get("joining"):
+                break
+            await asyncio.sleep(1.0)
+        self.note(f"joins answered after the late trainer: {not (info or {}).get('joining')}",
+                  not (info or {}).get("joining"))
+        self.trainer_note("close", await self.trainer.call({"op": "close", "announce": False}, 60))
+        self.load.no_healthy = False
+        version = self.new_version("after-wedge")
+        if await self.primerl_step(version, "perturb", group):  # the same name: the late group was destroyed
+            await self.close_group(group)
 
     async def disk(self) -> None:
         version = self.new_version("disk")

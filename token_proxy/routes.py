@@ -34,6 +34,7 @@ from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
 from token_proxy.fleet import ownership
 from token_proxy.fleet.fence import add_fence
+from token_proxy.fleet.versions import joining as fleet_joining
 from token_proxy.http_io import ROUTE_TABLE, json_response
 from token_proxy.lora import routes as lora
 from token_proxy.lora.registry import ADAPTERS
@@ -87,6 +88,8 @@ async def health(request: web.Request) -> web.Response:
     reason = ctx.not_ready_reason
     if reason is None and OWNER_NOT_READY in request.app:
         reason = await request.app[OWNER_NOT_READY]()
+    if reason is None:
+        reason = fleet_joining(request.app)  # every worker blocked in a group join (fleet/joins.py)
     if reason is None:
         problem = await ctx.client.health_problem(timeout_s=5.0)
         reason = problem and f"SGLang at {ctx.client.base_url} is not healthy: {problem}"

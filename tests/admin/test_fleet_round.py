@@ -116,8 +116,8 @@ def test_markdown_table(fleet):
 
 def test_phases_and_defaults(fleet):
     args = fleet.parse_args(["--proxy", "http://p", "--worker", "http://a", "--worker", "http://b", "--weights", "sim"])
-    assert args.phases == ["steady", "nccl-primerl", "nccl-vllm", "failed-push", "disk", "kill-b", "nccl-after",
-                           "proxy-restart", "replica", "findings-2-3"]
+    assert args.phases == ["steady", "nccl-primerl", "nccl-vllm", "failed-push", "join-wedge", "disk", "kill-b",
+                           "nccl-after", "proxy-restart", "replica", "findings-2-3"]
     assert args.router is None and args.proxy_script == "bash tests/e2e/fleet_proxy.sh"
     assert (args.backend, args.device, args.after_kill_s) == ("nccl", None, 80.0)
 

@@ -313,7 +313,7 @@ async def test_weight_info_shows_each_worker(fleet2):
     assert await get(proxy, "/weight_info") == {
         "weight_version": "default", "consistent": True,
         "workers": [{"url": urls[0], "weight_version": "default"}, {"url": urls[1], "weight_version": "default"}],
-        "fenced": []}
+        "fenced": [], "joining": []}
     state(sims[1]).weight_version = "7"
     info = await get(proxy, "/weight_info")
     assert (info["weight_version"], info["consistent"]) == (None, False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -65,7 +66,8 @@ def simulator_process(settings: Settings):
     cmd = [sys.executable, "-m", "token_proxy.simulator", "--host", "127.0.0.1", "--port", str(port),
            "--ttft-ms", str(settings.sim_ttft_ms), "--tpot-ms", str(settings.sim_tpot_ms),
            "--incremental-streaming-output", "--enable-deterministic-inference",
-           "--log-level", settings.log_level, "--log-format", settings.log_format]
+           "--log-level", settings.log_level, "--log-format", settings.log_format,
+           "--parent-pid", str(os.getpid())]  # a proxy killed with -9 takes its simulator along (Linux)
     if settings.context_length:
         cmd += ["--context-length", str(settings.context_length)]
     if settings.tokenizer:

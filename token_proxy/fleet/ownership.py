@@ -22,21 +22,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 
 import aiohttp
 from aiohttp import web
 
 from token_proxy.errors import BackendUnavailable
+from token_proxy.fleet import version_feed
 from token_proxy.fleet.plane import ADMIN
-from token_proxy.fleet.versions import VersionRecord
-from token_proxy.http_io import json_response
+from token_proxy.fleet.version_feed import fleet_versions
 from token_proxy.route_row import ADMIN as ADMIN_KIND
 
 log = logging.getLogger(__name__)
 
 POLL_WAIT_S = 10.0  # the controller answers a follower's long poll at the next change, or after this
+__all__ = ["fleet_versions", "follows", "stand_down", "strike"]  # fleet_versions: the controller's side (version_feed.py)
 RETRY_S = 1.0
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
@@ -45,21 +45,6 @@ def follows(route) -> bool:
     """A follower forwards this row to its controller: every admin-key route but LoRA's (each proxy
     keeps its own adapter registry, and loading an adapter twice is harmless)."""
     return route.kind == ADMIN_KIND and "lora" not in route.path
-
-
-# ---- the controller's side
-
-async def fleet_versions(request: web.Request) -> web.Response:
-    """GET /fleet/versions?seen=N&wait=S: the fleet's version record once it differs from `seen` (or
-    after `wait` seconds, at most 60), with this process's monotonic clock (a follower shifts the times)."""
-    plane = request.app[ADMIN]
-    try:
-        seen, wait = int(request.query.get("seen", -1)), min(float(request.query.get("wait", 0)), 60.0)
-    except ValueError:
-        seen, wait = -1, 0.0
-    await plane.news.wait_for_change(seen, max(wait, 0.0))
-    return json_response({"seq": plane.news.seq, "now": time.monotonic(), "controller": plane.stood_down is None,
-                          "record": plane.version_record().as_dict()})
 
 
 # ---- two would-be controllers
@@ -105,13 +90,6 @@ async def stand_down(fence, url: str, version: str) -> None:
 
 # ---- the follower's side
 
-def shifted(record: VersionRecord, offset: float) -> VersionRecord:
-    """The controller's record on this process's monotonic clock (`offset`: ours minus its)."""
-    return VersionRecord(record.current, record.initial, [(t + offset, v) for t, v in record.history],
-                         {v: until if math.isinf(until) else until + offset for v, until in record.incoming.items()},
-                         record.unavailable)
-
-
 class ControllerMirror:
     """A follower's copy of its controller's record, written onto its own plane's VersionBoard (so the
     reply check, a --workers process's mirror and /weight_info read it as a controller's would be read)."""
@@ -143,18 +121,17 @@ class ControllerMirror:
     async def poll(self, session: aiohttp.ClientSession, seen: int) -> int:
         url = f"{self.controller}/fleet/versions"
         timeout = aiohttp.ClientTimeout(total=POLL_WAIT_S + 10)
-        async with session.get(url, params={"seen": str(seen), "wait": str(POLL_WAIT_S if seen >= 0 else 0)},
+        async with session.get(url, params=version_feed.query(seen, POLL_WAIT_S if seen >= 0 else 0),
                                headers=self.headers(), timeout=timeout) as response:
             if response.status != 200:
                 raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
-            data = await response.json()
-        offset = time.monotonic() - float(data["now"])
+            seq, record = version_feed.read(await response.json(), same_clock=False)
         plane = self.app[ADMIN]
-        plane.board.record = shifted(VersionRecord.of(data["record"]), offset)
-        plane.weights.version = plane.board.record.current
+        plane.board.record = record
+        plane.weights.version = record.current
         plane.news.bump()
         self.first.set()
-        return int(data["seq"])
+        return seq
 
 
 FOLLOWER_SESSION: web.AppKey[aiohttp.ClientSession] = web.AppKey("follower_session", aiohttp.ClientSession)

@@ -17,6 +17,8 @@ import orjson
 from aiohttp import web
 
 from token_proxy.errors import BackendTimeout, InvalidRequest
+from token_proxy.fleet import joins as group_joins
+from token_proxy.fleet.joins import Joins
 from token_proxy.fleet.start import start_state
 from token_proxy.fleet.versions import VersionBoard, VersionRecord
 from token_proxy.long_poll import Publication
@@ -162,6 +164,7 @@ class AdminPlane:
     control: FleetControl = field(default_factory=FleetControl)
     fenced: FenceMarks = field(default_factory=FenceMarks)
     push: NcclPush = field(default_factory=NcclPush)
+    joins: Joins = field(default_factory=Joins)  # weight-update group joins SGLang has not answered (joins.py)
     # Workers that updated weights without flushing their prefix cache (flush.py says why).
     owed_flushes: set[str] = field(default_factory=set)
     # Set once another process is found updating these workers' weights: this one stops acting (ownership.py).
@@ -190,7 +193,10 @@ class AdminPlane:
 
     async def fan_out(self, method: str, path: str, bodies: list[dict] | dict | bytes | None,
                       timeout_s: float, urls: list[str] | None = None) -> list[WorkerReply]:
-        """Workers.fan_out; a call that sets a weight version marks that version incoming meanwhile."""
+        """Workers.fan_out; a call that sets a weight version marks that version incoming meanwhile; a group
+        join is watched (joins.py: answered within `timeout_s`, its worker named until SGLang answers)."""
+        if path == group_joins.JOIN_PATH:
+            return await group_joins.join(self, method, bodies, timeout_s, urls)
         with self._setting_versions(path, bodies):
             return await self.workers.fan_out(method, path, bodies, timeout_s, urls)
 
@@ -231,7 +237,7 @@ class AdminPlane:
         if self.stood_down is not None:  # another process owns the weights: this one judges no reply
             return VersionRecord(None, None, [], {}, unavailable=None)
         return VersionRecord(weights.version, weights.initial_version, list(weights.history),
-                             dict(weights.incoming), unavailable=self.unavailable())
+                             dict(weights.incoming), unavailable=self.unavailable(), joining=self.joining())
 
     def unavailable(self) -> str | None:
         """Why no worker can serve a chat now (the data path answers a prompt 503), or None."""
@@ -241,7 +247,15 @@ class AdminPlane:
         if fenced and (set(self.fleet_urls()) <= fenced or self.settings.backend_url in fenced):
             return ("no healthy worker: every worker the data path reaches is fenced until healed (GET "
                     "/weight_info names them)")
-        return None
+        return self.joining()
+
+    def joining(self) -> str | None:
+        """Why every worker the data path reaches (and is not fenced) is blocked in a group join, or None."""
+        if not self.joins.open:
+            return None
+        if self.settings.backend_url in self.joins.open:
+            return self.joins.blocking({self.settings.backend_url})
+        return self.joins.blocking(set(self.fleet_urls()) - self.fenced.urls)
 
     def note_change(self) -> None:
         if not self.settings.fleet_controller:

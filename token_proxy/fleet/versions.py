@@ -41,6 +41,7 @@ class VersionRecord:
     history: list[tuple[float, str]] = field(default_factory=list)
     incoming: dict[str, float] = field(default_factory=dict)
     unavailable: str | None = None  # why no worker can serve now (a prompt 503), or None
+    joining: str | None = None  # why every worker is blocked in a group join now (joins.py; /health says it)
 
     def accepted(self, since: float, now: float | None = None) -> frozenset[str] | None:
         """The versions a reply to a request sent at `since` may carry; None: no fleet version known."""
@@ -63,13 +64,13 @@ class VersionRecord:
         """JSON (a --workers mirror's copy): an update still running is accepted until None (no end yet)."""
         return {"current": self.current, "initial": self.initial, "history": [list(h) for h in self.history],
                 "incoming": {v: None if math.isinf(until) else until for v, until in self.incoming.items()},
-                "unavailable": self.unavailable}
+                "unavailable": self.unavailable, "joining": self.joining}
 
     @classmethod
     def of(cls, data: dict) -> VersionRecord:
         return cls(data.get("current"), data.get("initial"), [(float(t), str(v)) for t, v in data.get("history", [])],
                    {str(k): math.inf if v is None else float(v) for k, v in (data.get("incoming") or {}).items()},
-                   data.get("unavailable"))
+                   data.get("unavailable"), data.get("joining"))
 
 
 class FleetVersions(Protocol):
@@ -130,6 +131,12 @@ class FleetCheck:
         if bad is not None and poke is not None:
             poke()  # the fence reads every worker now, not at its next idle read (fence.py's cadence)
         return bad
+
+
+def joining(app: web.Application) -> str | None:
+    """Why every worker is blocked in a weight-update group join now (the proxy's /health says it), or None."""
+    check = app.get(REPLY_CHECK)
+    return check.fleet.record.joining if isinstance(check, FleetCheck) else None
 
 
 def register_reply_check(app: web.Application, fleet: FleetVersions) -> None:

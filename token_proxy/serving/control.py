@@ -8,8 +8,9 @@ reach it):
   (metrics_block.py);
 - POST /_internal/news {"process", "seen", "dropped", "wait"}: a serving process's long-poll for the served
   name and the finished sessions (owner_news.py);
-- POST /_internal/fleet_versions {"seen", "wait"}: the fleet's weight-version record once it differs from
-  `seen` (a long poll; fleet_mirror.py), for the data path's stale-weights check;
+- GET /_internal/fleet_versions?seen=N&wait=S: the fleet's weight-version record once it differs from `seen`
+  (a long poll; fleet_mirror.py), for the data path's stale-weights check: fleet/version_feed.py's one answer, the
+  same a follower proxy reads from its controller's GET /fleet/versions;
 - GET /_internal/ready: whether the owner is connected to SGLang (a serving process's /health waits for it).
 """
 
@@ -19,7 +20,7 @@ from aiohttp import web
 
 from token_proxy.admin.art import NAME_PUBLISHED
 from token_proxy.api.chat.sessions import FINISH_EVERYWHERE
-from token_proxy.fleet.plane import ADMIN as ADMIN_PLANE
+from token_proxy.fleet.version_feed import fleet_versions
 from token_proxy.http_io import json_response, read_json
 from token_proxy.lora.registry import ADAPTERS
 from token_proxy.lora.sync import MAP_PUBLISHED, AdapterPublisher
@@ -56,13 +57,6 @@ async def lora_sync(request: web.Request) -> web.Response:
     return json_response({"loaded": await request.app[LORA].sync_workers()})
 
 
-async def fleet_versions(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    plane = request.app[ADMIN_PLANE]
-    await plane.news.wait_for_change(int(body.get("seen", -1)), min(float(body.get("wait", 0.0)), 60.0))
-    return json_response({"seq": plane.news.seq, **plane.version_record().as_dict()})
-
-
 async def owner_ready(request: web.Request) -> web.Response:
     """A serving process's /health asks: is the owner connected to SGLang (every OWNER row can be served)?"""
     reason = request.app[CONTEXT].not_ready_reason
@@ -79,7 +73,7 @@ CONTROL_ROUTES = (
     Route("/_internal/news", ("POST",), news_poll, ADMIN, dialect=INTERNAL, answered_by=OWNER),
     Route("/_internal/lora_sync", ("POST",), lora_sync, ADMIN, dialect=INTERNAL, answered_by=OWNER),
     Route("/_internal/metrics", ("GET",), owner_metrics, ADMIN, dialect=INTERNAL, answered_by=OWNER),
-    Route("/_internal/fleet_versions", ("POST",), fleet_versions, ADMIN, dialect=INTERNAL, answered_by=OWNER),
+    Route("/_internal/fleet_versions", ("GET",), fleet_versions, ADMIN, dialect=INTERNAL, answered_by=OWNER),
     Route("/_internal/ready", ("GET",), owner_ready, ADMIN, dialect=INTERNAL, answered_by=OWNER),
 )
 

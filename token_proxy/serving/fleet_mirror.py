@@ -9,6 +9,7 @@ import logging
 
 import aiohttp
 
+from token_proxy.fleet import version_feed
 from token_proxy.fleet.versions import VersionRecord
 
 log = logging.getLogger(__name__)
@@ -43,10 +44,10 @@ class FleetMirror:
 
     async def _fetch(self, seen: int, wait_s: float) -> None:
         timeout = aiohttp.ClientTimeout(total=wait_s + 10.0)
-        async with self.session.post(PATH, json={"seen": seen, "wait": wait_s}, timeout=timeout) as resp:
+        async with self.session.get(PATH, params=version_feed.query(seen, wait_s), timeout=timeout) as resp:
             if resp.status != 200:
                 raise aiohttp.ClientError(f"HTTP {resp.status}")
-            data = await resp.json()
-        if int(data["seq"]) >= self.seq:
-            self.seq, self.record = int(data["seq"]), VersionRecord.of(data)
+            seq, record = version_feed.read(await resp.json(), same_clock=True)  # the owner's host clock
+        if seq >= self.seq:
+            self.seq, self.record = seq, record
         self.first.set()

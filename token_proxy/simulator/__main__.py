@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
 import sys
 
 from token_proxy.ops.access_log import configure_logging
@@ -11,6 +14,7 @@ from token_proxy.simulator.app import SimulatorStartError, run_simulator
 from token_proxy.simulator.config import VERSIONS, SimConfig
 
 log = logging.getLogger("token_proxy.simulator")
+PR_SET_PDEATHSIG = 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--enable-weights-cpu-backup", action="store_true")
     parser.add_argument("--max-running-requests", type=int, default=None)
     parser.add_argument("--dist-timeout", type=float, default=SimConfig.dist_timeout_s,
-                        help="seconds a weight-update group join or receive waits for its peers")
+                        help="seconds a weight-update group join or receive waits for its peers (SGLang has no flag: torch's 30 min)")
     parser.add_argument("--sglang-version", default=SimConfig.sglang_version, choices=VERSIONS,
                         help="the SGLang release whose API to mimic (0.5.17 is verified against a real server)")
     parser.add_argument("--timeout-keep-alive", type=float, default=None,
@@ -41,6 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default: env SGLANG_TIMEOUT_KEEP_ALIVE, else 5; 0: never)")
     parser.add_argument("--keep-alive-late", type=float, default=SimConfig.keep_alive_late_s,
                         help="seconds that close may run late (a request arriving meanwhile is lost)")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process dies, even by SIGKILL (the proxy that started the built-in "
+                             "simulator passes its own; Linux)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="text", choices=("text", "json"))
     return parser.parse_args(argv)
@@ -72,8 +79,22 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
+def exit_with(parent_pid: int) -> None:
+    """The kernel sends this process SIGTERM when the process that started it dies, however it dies (Linux
+    PR_SET_PDEATHSIG, as serving/process.py sets for serving processes; elsewhere a no-op); one already gone
+    before that call is seen by the parent pid having changed."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        sys.exit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.parent_pid is not None:
+        exit_with(args.parent_pid)
     configure_logging(args.log_level, args.log_format)
     config = config_from_args(args)
     try:

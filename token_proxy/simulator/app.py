@@ -15,6 +15,7 @@ from token_proxy.simulator.generate_route import generate
 from token_proxy.simulator.keep_alive import KEEP_ALIVE, IdleConnections, keep_alive_close
 from token_proxy.simulator.lora_routes import add_lora_routes
 from token_proxy.simulator.rl_routes import add_rl_routes
+from token_proxy.simulator.scheduler_block import add_scheduler_gate
 from token_proxy.simulator.state import SIM_STATE, SimState
 from token_proxy.simulator.tokenize_routes import add_tokenize_routes
 from token_proxy.simulator.vocab import load_tokenizer, load_vocab
@@ -45,6 +46,7 @@ def create_sim_app(config: SimConfig) -> web.Application:
     app.router.add_post("/generate", generate)
     app.router.add_put("/generate", generate)
     add_admin_routes(app)
+    add_scheduler_gate(app)
     add_weight_routes(app)
     add_rl_routes(app)
     add_lora_routes(app)

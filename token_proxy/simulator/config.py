@@ -38,8 +38,13 @@ class SimConfig:
     # --enable-weights-cpu-backup (without it released weights are discarded, not kept in CPU memory).
     enable_memory_saver: bool = False
     enable_weights_cpu_backup: bool = False
-    # How long a weight-update group join or receive may wait for its peers (SGLang: torch's 30 min).
-    dist_timeout_s: float = 60.0
+    # How long a weight-update group join or receive may wait for its peers. SGLang passes no timeout, so
+    # torch's default_pg_timeout (30 min) applies and no flag changes it; this knob is the simulator's own,
+    # for tests that cannot wait that long.
+    dist_timeout_s: float = 1800.0
+    # SGLANG_HEALTH_CHECK_TIMEOUT: how long /health and /health_generate wait for the scheduler before a 503.
+    health_check_timeout_s: float = field(
+        default_factory=lambda: float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
     # Tests of output parsing: every unconstrained sequence writes this text, then EOS (as a model
     # that answers with it; max_new_tokens still cuts it). None: the usual sampled text.
     scripted_output: str | None = None

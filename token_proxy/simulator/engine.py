@@ -46,6 +46,9 @@ async def _decode_loop(seq: Sequence, sim: SimState) -> AsyncIterator[None]:
     while True:
         if sim.crashed:
             raise ServerCrashed(seq.rid)
+        if sim.blocked is not None:  # the scheduler runs nothing, aborts included (scheduler_block.py)
+            await _wait_resumed(seq, sim)
+            continue
         if seq.abort_requested:
             seq.abort()
         elif sim.paused:
@@ -69,12 +72,12 @@ def _note_version(seq: Sequence, version: str, start: int) -> None:
 
 
 async def _wait_admitted(seq: Sequence, sim: SimState) -> None:
-    while not sim.may_admit and not seq.abort_requested and not sim.crashed:
+    while (sim.blocked is not None or (not sim.may_admit and not seq.abort_requested)) and not sim.crashed:
         await sim.changed()
 
 
 async def _wait_resumed(seq: Sequence, sim: SimState) -> None:
-    while sim.paused and not seq.abort_requested and not sim.crashed:
+    while (sim.blocked is not None or (sim.paused and not seq.abort_requested)) and not sim.crashed:
         await sim.changed()
 
 

@@ -172,7 +172,7 @@ async def _come_back(app: web.Application, restart_s: float) -> None:
     sim = app[SIM_STATE]
     sim.weight_version, sim.weights_path = sim.config.weight_version, sim.config.model_path
     sim.loaded_from = None
-    sim.paused, sim.pause_mode, sim.updating_weights = False, None, False
+    sim.paused, sim.pause_mode, sim.updating_weights, sim.blocked = False, None, False, None
     sim.prefix_cache = PrefixCache()
     app[WEIGHTS].values = params.initial_params()
     app[WEIGHTS].groups.clear()

@@ -61,6 +61,8 @@ class SimState:
     paused: bool = False
     pause_mode: str | None = None
     updating_weights: bool = False
+    # The call the scheduler is stuck in (a weight-update group join: scheduler_block.py), or None.
+    blocked: str | None = None
     prefix_cache: PrefixCache = field(default_factory=PrefixCache)
     counters: Counters = field(default_factory=Counters)
     lora: SimLora = field(default_factory=SimLora)  # loaded LoRA adapters
@@ -76,10 +78,11 @@ class SimState:
 
     @property
     def may_admit(self) -> bool:
-        """New requests wait while paused, while weights are swapped (SGLang's writer lock),
-        and beyond max_running_requests; running ones only stop for a pause."""
+        """New requests wait while paused, while weights are swapped (SGLang's writer lock), while the
+        scheduler is blocked, and beyond max_running_requests; running ones stop for a pause or a block."""
         limit = self.config.max_running_requests
-        return not (self.paused or self.updating_weights or (limit and self.active >= limit))
+        return not (self.paused or self.updating_weights or self.blocked is not None
+                    or (limit and self.active >= limit))
 
     def changed(self) -> asyncio.Future:
         """A future resolved at the next pause/continue/abort/release, for waiters to re-check."""

@@ -79,16 +79,31 @@ async def init_weights_update_group(request: web.Request) -> web.Response:
     log.info("init custom process group: master_address=%s, master_port=%s, rank=%s, world_size=%s, "
              "group_name=%s, backend=%s", body["master_address"], body["master_port"], rank, body["world_size"],
              group_name, body.get("backend", "nccl"))
+    sim = request.app[SIM_STATE]
+    sim.blocked = blocked = f"init_weights_update_group {group_name!r} ({id(body):x})"
     try:
         group = await asyncio.to_thread(
             params.join_group, body["master_address"], body["master_port"], rank, body["world_size"],
-            group_name, body.get("backend", "nccl"), request.app[SIM_STATE].config.dist_timeout_s)
+            group_name, body.get("backend", "nccl"), sim.config.dist_timeout_s)
     except ImportError:
         return _result(False, GROUP_FAILED.format("torch is not installed in the simulator"))
     except Exception as exc:  # noqa: BLE001 - torch's own words, as SGLang reports them
         return _result(False, GROUP_FAILED.format(exc))
+    finally:
+        still_ours = sim.blocked == blocked
+        _unblock(sim, blocked)
+    if not still_ours:  # the process restarted meanwhile (rl_routes.py): the group died with the old one
+        await asyncio.to_thread(params.leave_group, group)
+        return _result(False, GROUP_FAILED.format("the server restarted during the join"))
     _weights(request).groups[group_name] = group
     return _result(True, "Succeeded to initialize custom process group.")
+
+
+def _unblock(sim: SimState, blocked: str) -> None:
+    """The scheduler serves again (scheduler_block.py); a restart meanwhile already cleared it."""
+    if sim.blocked == blocked:
+        sim.blocked = None
+        sim.notify()
 
 
 async def update_weights_from_distributed(request: web.Request) -> web.Response:
