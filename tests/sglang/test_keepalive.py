@@ -19,9 +19,13 @@ from token_proxy.sglang.pool import ReplyPool, ReuseAwareConnector
 from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 
-KEEP_ALIVE_S = 0.5  # the simulated SGLANG_TIMEOUT_KEEP_ALIVE (5 s on a real server)
-LATE_S = 1.0  # every close runs this late: a request sent in between is lost
-GAP_S = 0.7  # the trainer's idle gap: past the keep-alive, inside the late close
+# The simulated SGLANG_TIMEOUT_KEEP_ALIVE (5 s on a real server), scaled down. The pool's bound under it
+# (0.6 of it) leaves the proxy 0.4 s for reading a reply after the simulator wrote it (the two clocks of a
+# connection's idle time start that far apart): at 0.5 s, 0.2 s of a stalled event loop on a loaded 2-core
+# box (two pytest-xdist workers) let one request meet a close.
+KEEP_ALIVE_S = 1.0
+LATE_S = 2.0  # every close runs this late: a request sent in between is lost
+GAP_S = 1.4  # the trainer's idle gap: past the keep-alive, inside the late close
 BURST = 12
 
 
