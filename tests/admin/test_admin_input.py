@@ -25,7 +25,9 @@ def recorded(aiohttp_server, tokenizer_dir, make_proxy):
         app = create_sim_app(SimConfig(tokenizer_path=str(tokenizer_dir)))
         app.middlewares.insert(0, record)
         sim = await aiohttp_server(app)
-        proxy = await make_proxy(sim, **proxy_settings)
+        # No /metrics scrape: every 2 s it would reach `seen`, and a slow one (a loaded box) makes the proxy
+        # compare SGLang's config again (/v1/tokenize, ...) when it answers: not the test's request either.
+        proxy = await make_proxy(sim, **{"backend_metrics_interval_s": 0.0, **proxy_settings})
         seen.clear()
         return proxy, sim, seen
 

@@ -117,8 +117,10 @@ async def run_cases(tokenizer_dir: Path, cases: tuple[Case, ...] = CASES) -> dic
 
     results: dict[str, dict] = {}
     # Every proxy loads its tokenizer through the product's loader, once per run (loading takes ~1 s; the
-    # proxies share one loaded tokenizer, as conftest's shared_tokenizer has every test's proxies do).
-    with mock.patch.object(discovery, "load_tokenizer", functools.cache(discovery.load_tokenizer)):
+    # proxies share one loaded tokenizer, as conftest's shared_tokenizer has every test's proxies do), and
+    # proves its tiktoken twin the product's way, once per run too (the proof takes ~2 s, four setups).
+    with mock.patch.object(discovery, "load_tokenizer", functools.cache(discovery.load_tokenizer)), \
+            mock.patch.object(discovery, "load_fast_bpe", functools.cache(discovery.load_fast_bpe)):
         for setup in SETUPS:
             await _run_setup(setup, [case for case in cases if case.setup == setup], tokenizer_dir, results)
     return {case.name: results[case.name] for case in cases if case.name in results}

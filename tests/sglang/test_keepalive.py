@@ -9,6 +9,7 @@ import asyncio
 import aiohttp
 import pytest
 
+from tests.support.raw_http import RawHTTPServer
 from token_proxy.errors import BackendUnavailable
 from token_proxy.ops import METRICS
 from token_proxy.settings import Settings
@@ -18,9 +19,13 @@ from token_proxy.sglang.pool import ReplyPool, ReuseAwareConnector
 from token_proxy.sglang.retry_rules import stale_reason
 from token_proxy.simulator.keep_alive import KEEP_ALIVE
 
-KEEP_ALIVE_S = 0.5  # the simulated SGLANG_TIMEOUT_KEEP_ALIVE (5 s on a real server)
-LATE_S = 1.0  # every close runs this late: a request sent in between is lost
-GAP_S = 0.7  # the trainer's idle gap: past the keep-alive, inside the late close
+# The simulated SGLANG_TIMEOUT_KEEP_ALIVE (5 s on a real server), scaled down. The pool's bound under it
+# (0.6 of it) leaves the proxy 0.4 s for reading a reply after the simulator wrote it (the two clocks of a
+# connection's idle time start that far apart): at 0.5 s, 0.2 s of a stalled event loop on a loaded 2-core
+# box (two pytest-xdist workers) let one request meet a close.
+KEEP_ALIVE_S = 1.0
+LATE_S = 2.0  # every close runs this late: a request sent in between is lost
+GAP_S = 1.4  # the trainer's idle gap: past the keep-alive, inside the late close
 BURST = 12
 
 
@@ -125,56 +130,44 @@ async def test_rhythm_pool_under_the_backend_keep_alive_needs_no_retry(make_sim,
 
 # --- the retry rule -------------------------------------------------------------------------------
 
-class _Scripted:
-    """A raw HTTP/1.1 server: `plan[(connection, request)]` says what each request gets, "ok" (a 200,
-    kept alive), "drop" (closed unanswered) or "half" (headers, part of the body, then closed)."""
+class _Scripted(RawHTTPServer):
+    """`plan[(connection, request)]` says what each request gets, "ok" (a 200, kept alive), "drop" (closed
+    unanswered) or "half" (headers, part of the body, then closed)."""
 
     def __init__(self, plan: dict, default: str = "ok"):
-        self.plan, self.default, self.connections, self.requests = plan, default, 0, []
+        super().__init__()
+        self.plan, self.default, self.requests = plan, default, []
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn, n = self.connections, 0
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
-                await reader.readexactly(length)
-                action = self.plan.get((conn, n), self.default)
-                self.requests.append((conn, n, action))
-                n += 1
-                if action == "drop":
-                    break
-                if action == "half":
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-                    await writer.drain()
-                    break
-                if action in ("streamed", "half_stream"):  # a streamed /generate, whole or broken before its first event
-                    body = (b'data: {"text": "hi", "output_ids": [1], "meta_info": {"id": "r", "finish_reason": '
-                            b'{"type": "length", "length": 1}}}\n\ndata: [DONE]\n\n')
-                    cut = body if action == "streamed" else body[:12]
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (len(body), cut))
-                    await writer.drain()
-                    break
-                if action == "generated":  # a whole /generate reply
-                    body = b'{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}'
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-                    await writer.drain()
-                    continue
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def answer(self, conn: int, n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        action = self.plan.get((conn, n), self.default)
+        self.requests.append((conn, n, action))
+        if action == "drop":
+            return False
+        if action == "half":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            await writer.drain()
+            return False
+        if action in ("streamed", "half_stream"):  # a streamed /generate, whole or broken before its first event
+            body = (b'data: {"text": "hi", "output_ids": [1], "meta_info": {"id": "r", "finish_reason": '
+                    b'{"type": "length", "length": 1}}}\n\ndata: [DONE]\n\n')
+            cut = body if action == "streamed" else body[:12]
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(body), cut))
+            await writer.drain()
+            return False
+        if action == "generated":  # a whole /generate reply
+            body = b'{"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        return True
 
 
 async def _scripted(plan: dict, default: str = "ok"):
     server = _Scripted(plan, default)
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    return server, listener, f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/x"
+    listener, url = await server.start()
+    return server, listener, f"{url}/x"
 
 
 async def _sessions():

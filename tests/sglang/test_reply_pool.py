@@ -12,6 +12,7 @@ import ssl
 import orjson
 import pytest
 
+from tests.support.raw_http import RawHTTPServer
 from token_proxy.errors import BackendTimeout, BackendUnavailable
 from token_proxy.sglang import SGLangClient
 from token_proxy.sglang.payload import SGLangRequest
@@ -21,46 +22,31 @@ REPLY = {"text": "hi", "output_ids": [1, 2], "meta_info": {"id": "r"}}
 LOST = b'{"error": {"message": "The following requested LoRA adapters are not loaded: policy@v1", "code": 400}}'
 
 
-class Server:
-    """A raw HTTP/1.1 server: each request gets `answers.pop(0)` (default: REPLY, kept alive), an answer being
-    (status, body, extra header lines, then close?). It records (connection, request) and when each connection closed."""
+class Server(RawHTTPServer):
+    """Each request gets `answers.pop(0)` (default: REPLY, kept alive), an answer being (status, body, extra
+    header lines, then close?). It records (connection, request) and, as every raw server does, when each
+    connection closed."""
 
     def __init__(self, answers: list | None = None):
+        super().__init__()
         self.answers = answers or []
-        self.connections = 0
         self.requests: list[tuple[int, int]] = []
-        self.closed: list[int] = []
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn, n = self.connections, 0
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length"))
-                await reader.readexactly(length)
-                self.requests.append((conn, n))
-                n += 1
-                status, body, extra, close = self.answers.pop(0) if self.answers else (200, orjson.dumps(REPLY), b"", False)
-                if status is None:  # never answer: wait for the client to close
-                    await asyncio.wait_for(reader.read(1), 10)
-                    break
-                writer.write(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n%b\r\n%b" % (status, len(body), extra, body))
-                await writer.drain()
-                if close:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.closed.append(conn)
-            writer.close()
+    async def answer(self, conn: int, n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        self.requests.append((conn, n))
+        status, body, extra, close = self.answers.pop(0) if self.answers else (200, orjson.dumps(REPLY), b"", False)
+        if status is None:  # never answer: wait for the client to close
+            await asyncio.wait_for(reader.read(1), 10)
+            return False
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n%b\r\n%b" % (status, len(body), extra, body))
+        await writer.drain()
+        return not close
 
 
 async def serving(answers: list | None = None):
     server = Server(answers)
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    return server, listener, f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    listener, url = await server.start()
+    return server, listener, url
 
 
 def client_of(url: str, keepalive_s: float = 30.0, timeout_s: float = 10.0, **kwargs) -> SGLangClient:
