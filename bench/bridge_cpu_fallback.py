@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
-import functools
 import os
 import pickle
 import sys
@@ -180,26 +179,14 @@ def vllm_engine(proxy: str, port: int, checkpoint: Path, vllm_root: str, packed_
 
     upstream.enter_vllm(vllm_root)
     from vllm.distributed.weight_transfer import nccl_engine, packed_tensor
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
 
     nccl_engine.open_trainer_endpoint = lambda info: GlooCommunicator(info.master_port, info.world_size, 120)
     cpu_packing(packed_tensor)
     torch.cuda.current_stream = _NoStream
 
-    class Checkpoint(WeightSource):
-        def __init__(self, tensors: dict):
-            self.tensors = tensors
-
-        @functools.cached_property
-        def metadata(self) -> list:
-            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
-
-        def iter_full(self):
-            yield from self.tensors.items()
-
     base = load_file(str(checkpoint / "model.safetensors"))
-    source = Checkpoint({k: v + 0.125 for k, v in base.items()})
+    source = upstream.weight_source({k: v + 0.125 for k, v in base.items()})
     init = nccl_engine.NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=port, world_size=2,
                                            packed=bool(packed_bytes), packed_buffer_size_bytes=packed_bytes or 1 << 30,
                                            packed_num_buffers=2, rank=0)

@@ -111,3 +111,24 @@ def fit_vllm_nccl(so_file: str | None = None) -> list[str]:
     from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary, find_nccl_library
 
     return drop_absent_sleep_symbols(NCCLLibrary, ctypes.CDLL(so_file or find_nccl_library()))
+
+
+def weight_source(tensors: dict):
+    """The trainer's weights as vLLM's WeightSource (after enter_vllm): the one piece a trainer writes for vLLM's
+    engine (its metadata and full iteration over (name, tensor)); the GPU sender and the CPU dry run share it."""
+    import functools
+
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class Checkpoint(WeightSource):
+        def __init__(self, tensors: dict):
+            self.tensors = tensors
+
+        @functools.cached_property
+        def metadata(self) -> list:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
+
+        def iter_full(self):
+            yield from self.tensors.items()
+
+    return Checkpoint(tensors)

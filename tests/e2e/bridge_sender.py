@@ -182,10 +182,8 @@ def vllm_engine_trainer(args) -> None:
     per step; the only code of ours is the WeightSource (the trainer's weights: a checkpoint's tensors, perturbed
     on odd steps), which vLLM leaves to the trainer, and tests/bridge/upstream.py's entry into vLLM's files."""
     upstream.enter_vllm(os.environ["VLLM_ENGINE_SRC"])
-    import functools
 
     from vllm.distributed.device_communicators.pynccl_wrapper import NCCLLibrary
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
     from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
     from vllm.distributed.weight_transfer.nccl_engine import (
         NCCLTrainerInitInfo,
@@ -216,18 +214,7 @@ def vllm_engine_trainer(args) -> None:
                               f"({nccl_version}) and would disable itself silently: {exc!r}"}), flush=True)
             sys.exit(3)
 
-    class Checkpoint(WeightSource):
-        def __init__(self, tensors: dict):
-            self.tensors = tensors
-
-        @functools.cached_property
-        def metadata(self) -> list:
-            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
-
-        def iter_full(self):
-            yield from self.tensors.items()
-
-    source = Checkpoint(checkpoint(args.model_dir, 1))
+    source = upstream.weight_source(checkpoint(args.model_dir, 1))
     init = NCCLTrainerInitInfo(master_address="127.0.0.1", master_port=args.port, world_size=2,
                                packed=bool(args.packed_bytes), packed_buffer_size_bytes=args.packed_bytes or (1 << 30),
                                packed_num_buffers=2, rank=0)
