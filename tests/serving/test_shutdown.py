@@ -136,8 +136,9 @@ async def whole(url: str, max_tokens: int) -> tuple[int, dict, dict]:
 
 async def test_past_the_deadline_each_request_gets_an_error_it_can_act_on_and_the_exit_is_on_time(servers):
     """--shutdown-timeout 2 with 6 s requests: a whole reply gets a 503 with Retry-After and OpenAI's error
-    body; a stream, its tokens so far, an error event and [DONE]; the process exits within 2 s + 0.5 s
-    (before: every connection closed with nothing, and the exit took ~5 s)."""
+    body; a stream, its tokens so far, an error event and [DONE]; the process exits within 2 s + 1 s, the bound
+    the native case below uses too (before: every connection closed with nothing, and the exit took ~5 s; 0.5 s
+    of margin left a loaded 2-core CI box no room for the interpreter's own exit)."""
     sim, proxy_url, proxy = servers(shutdown_timeout=2.0)
     streams = [asyncio.ensure_future(stream(proxy_url, 300)) for _ in range(3)]  # ~6 s of tokens each
     wholes = [asyncio.ensure_future(whole(proxy_url, 300)) for _ in range(3)]
@@ -156,7 +157,7 @@ async def test_past_the_deadline_each_request_gets_an_error_it_can_act_on_and_th
     status, at = await exited
     took = at - signalled
     assert status == 0
-    assert 2.0 <= took < 2.5, took
+    assert 2.0 <= took < 3.0, took
     assert sim_running(sim) == 0  # every generation was aborted in SGLang
 
 
