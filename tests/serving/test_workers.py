@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -379,11 +380,15 @@ def test_every_log_line_is_one_whole_json_object(proxy):
 async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
     kids = children(proxy.proc.pid)
     assert len(kids) == 3
-    # ~1 s of tokens each; 16 fresh connections, spread by the kernel's SO_REUSEPORT hash, all land on one
-    # worker with odds 2**-15 (with 8 it was 2**-7: seen once in a run)
-    streams = [asyncio.ensure_future(stream(proxy, 50)) for _ in range(16)]
-    await asyncio.sleep(0.4)
-    assert not any(task.done() for task in streams)
+    # ~3 s of tokens each; 16 fresh connections, spread by the kernel's SO_REUSEPORT hash, all land on one
+    # worker with odds 2**-15 (with 8 it was 2**-7: seen once in a run). SIGTERM only once SGLang runs all 16:
+    # a connection still in a worker's accept queue when it stops listening is reset by the kernel (a fixed
+    # 0.4 s wait let one be, on a loaded 2-core box: "Can not write request body").
+    streams = [asyncio.ensure_future(stream(proxy, 150)) for _ in range(16)]
+    deadline = time.monotonic() + 20
+    while (running := await asyncio.to_thread(sim_running, proxy.sim_url)) != 16:
+        assert time.monotonic() < deadline and not any(task.done() for task in streams), running
+        await asyncio.sleep(0.05)
     proxy.proc.send_signal(signal.SIGTERM)
     results = await asyncio.wait_for(asyncio.gather(*streams), 30)
     for _, raw in results:
@@ -395,6 +400,12 @@ async def test_sigterm_drains_streams_on_every_worker_then_exits_zero(proxy):
     with pytest.raises((aiohttp.ClientError, OSError)):
         await call("GET", proxy.url + "/health")
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"token-proxy-{proxy.proc.pid}-*"))  # run dir
+
+
+def sim_running(sim: str) -> int:
+    """How many requests the simulator (SGLang 0.5.17's /get_load) runs now."""
+    with urllib.request.urlopen(sim + "/get_load", timeout=2) as resp:
+        return sum(item["num_reqs"] for item in json.load(resp))
 
 
 def alive(pid: int) -> bool:
