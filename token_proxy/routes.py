@@ -32,7 +32,7 @@ from token_proxy.api.completions.endpoint import completions
 from token_proxy.api.generate.endpoint import generate_tokens
 from token_proxy.api.tokenize.endpoint import detokenize, tokenize
 from token_proxy.errors import BackendUnavailable, MethodNotAllowed, NotImplementedHere
-from token_proxy.fleet import ownership
+from token_proxy.fleet import ownership, version_feed
 from token_proxy.fleet.fence import add_fence
 from token_proxy.fleet.versions import joining as fleet_joining
 from token_proxy.http_io import ROUTE_TABLE, json_response
@@ -137,7 +137,7 @@ ROUTES: tuple[Route, ...] = (
     _admin("/init_broadcaster", POST, prime_rl.init_broadcaster, PRIME_RL),
     _admin("/liveness", GET, prime_rl.liveness, PRIME_RL, kind=OPS),  # asks every worker
     # --- one owner for the fleet's weights (fleet/ownership.py): what a follower mirrors ---
-    _admin("/fleet/versions", GET, ownership.fleet_versions, None),
+    _admin("/fleet/versions", GET, version_feed.fleet_versions, None),
     # --- vLLM 0.33's RL admin API (admin/vllm_rl.py; its weight transfer: admin/vllm_weights.py) ---
     _admin("/is_paused", GET, vllm_rl.is_paused, VLLM),
     _admin("/abort_requests", POST, vllm_rl.abort_requests, VLLM),

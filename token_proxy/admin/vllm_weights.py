@@ -206,7 +206,8 @@ async def weight_info(request: web.Request) -> web.Response:
         for worker in workers:
             worker["partial"] = worker["url"] in changed
         reply["held"] = plane.control.hold["message"]
-    return json_response({**reply, **fence_info(request.app)})
+    # `joining`: each worker inside a weight-update group join SGLang has not answered yet (fleet/joins.py)
+    return json_response({**reply, **fence_info(request.app), "joining": plane.joins.info()})
 
 
 async def weight_checker(request: web.Request) -> web.Response:

@@ -359,11 +359,9 @@ FENCE: web.AppKey[Fence] = web.AppKey("fence", Fence)
 
 
 def fence_info(app: web.Application) -> dict:
-    """/weight_info's `fenced`: each worker kept out, and why; and `joining`: each worker inside a weight-update
-    group join SGLang has not answered yet (joins.py)."""
-    fence, plane = app.get(FENCE), app.get(ADMIN)
-    return {"fenced": fence.info() if fence is not None else [],
-            "joining": plane.joins.info() if plane is not None else []}
+    """/weight_info's `fenced`: each worker kept out, and why."""
+    fence = app.get(FENCE)
+    return {"fenced": fence.info() if fence is not None else []}
 
 
 def add_fence(app: web.Application) -> None:

@@ -30,13 +30,11 @@ from aiohttp import web
 from token_proxy.errors import BackendUnavailable
 from token_proxy.fleet import version_feed
 from token_proxy.fleet.plane import ADMIN
-from token_proxy.fleet.version_feed import fleet_versions
 from token_proxy.route_row import ADMIN as ADMIN_KIND
 
 log = logging.getLogger(__name__)
 
 POLL_WAIT_S = 10.0  # the controller answers a follower's long poll at the next change, or after this
-__all__ = ["fleet_versions", "follows", "stand_down", "strike"]  # fleet_versions: the controller's side (version_feed.py)
 RETRY_S = 1.0
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
